@@ -1,0 +1,60 @@
+"""The ``fedsim`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fedsim.errors import FedsimError
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from fedsim.config import load_config
+    from fedsim.runner import run
+
+    cfg = load_config(args.config, args.set)
+    summary = run(cfg)
+    print(summary["run_dir"])
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from fedsim.plugins import ALL_REGISTRIES, describe
+
+    kinds = [args.kind] if args.kind else list(ALL_REGISTRIES)
+    for kind in kinds:
+        if kind not in ALL_REGISTRIES:
+            raise FedsimError(f"unknown kind {kind!r}; valid: {', '.join(ALL_REGISTRIES)}")
+        print(describe(kind))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedsim", description="Federated learning on label-skewed data.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run one experiment from a YAML config")
+    run.add_argument("config", help="path to the YAML config")
+    run.add_argument(
+        "--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config values, e.g. train.rounds=5"
+    )
+    run.set_defaults(func=_cmd_run)
+    lst = sub.add_parser("list", help="list strategies, normalisers, models, datasets, partitioners")
+    lst.add_argument("kind", nargs="?", help="one kind only")
+    lst.set_defaults(func=_cmd_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except FedsimError as err:
+        print(f"fedsim: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedsim: interrupted; metrics written so far are in the run directory", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The ``imagefolder`` loader: ``train/<class>/*`` and ``test/<class>/*`` in a directory or a tar.
+
+Archives are read in one streaming pass, never unpacked, and the decoded uint8 arrays are cached
+in ``cache_dir`` (keyed by the source's path, size and mtime), so only the first load decodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from fedsim.data import DATASETS, ArrayDataset
+from fedsim.errors import DataError
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "test")
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png"})
+PIL_FORMATS = ("JPEG", "PNG")
+CACHE_VERSION = 1  # bump when the decoded layout changes, so old caches are ignored
+
+
+@DATASETS.register("imagefolder")
+def load_imagefolder(root: Path, download: bool, cache_dir: Path) -> ArrayDataset:
+    """train/<class>/*.jpg|png and test/<class>/* in a directory or .tar(.gz); decoded once, cached."""
+    root = root.resolve()
+    if not root.exists():
+        raise DataError(f"imagefolder dataset: nothing at {root}")
+    name = _dataset_name(root)
+    cache = cache_dir / f"imagefolder-{name}-{_source_key(root)}.npz"
+    arrays = _read_cache(cache)
+    if arrays is None:
+        arrays = _decode(root)
+        _write_cache(cache, arrays)
+    x_train, y_train, x_test, y_test, classes = arrays
+    return ArrayDataset(
+        x_train=torch.from_numpy(x_train),
+        y_train=torch.from_numpy(y_train),
+        x_test=torch.from_numpy(x_test),
+        y_test=torch.from_numpy(y_test),
+        classes=[str(c) for c in classes.tolist()],
+        name=name,
+    )
+
+
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _dataset_name(root: Path) -> str:
+    name = root.name
+    for suffix in (".tar.gz", ".tgz", ".tar"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def _source_key(root: Path) -> str:
+    """Changes whenever the source does: path + size + mtime of the archive, or of every file in a tree."""
+    h = hashlib.sha256(f"v{CACHE_VERSION}|{root}".encode())
+    if root.is_dir():
+        # A directory's own mtime misses edits inside its subfolders: stat every file instead.
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for f in sorted(filenames):
+                path = os.path.join(dirpath, f)
+                st = os.stat(path)
+                h.update(f"{os.path.relpath(path, root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    else:
+        st = root.stat()
+        h.update(f"|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def _read_cache(path: Path) -> Arrays | None:
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return tuple(npz[k] for k in ("x_train", "y_train", "x_test", "y_test", "classes"))  # type: ignore[return-value]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None  # unreadable cache (e.g. another fedsim version's): decode again and overwrite it
+
+
+def _write_cache(path: Path, arrays: Arrays) -> None:
+    keys = ("x_train", "y_train", "x_test", "y_test", "classes")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            # Uncompressed: a cache hit is then a plain read (0.2-2 s for CIFAR-10), not an inflate.
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **dict(zip(keys, arrays, strict=True)))
+            os.replace(tmp, path)  # readers never see a half-written cache
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as err:
+        # The cache only saves time; a read-only cache_dir must not stop the run.
+        log.warning("cannot write dataset cache %s (%s); set FEDSIM_CACHE or data.cache_dir", path, err)
+
+
+def _decode(root: Path) -> Arrays:
+    decoder = _Decoder(root)
+    for member, read in _members(root):
+        split_class = _split_and_class(member)
+        if split_class is not None:
+            decoder.add(*split_class, member, read())
+    return decoder.finish()
+
+
+def _members(root: Path) -> Iterator[tuple[str, Callable[[], bytes]]]:
+    """(relative POSIX path, read-bytes callable) for every regular file, in one pass."""
+    if root.is_dir():
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for f in sorted(filenames):
+                full = Path(dirpath, f)
+                yield full.relative_to(root).as_posix(), full.read_bytes
+        return
+    try:
+        # "r|*": a forward-only stream (no seeking back through a .gz), any compression
+        with tarfile.open(root, mode="r|*") as tar:
+            for info in tar:
+                fileobj = tar.extractfile(info) if info.isfile() else None
+                if fileobj is not None:
+                    yield info.name, fileobj.read
+    except (tarfile.TarError, EOFError, OSError) as err:
+        raise DataError(
+            f"imagefolder dataset {root}: not a readable directory or tar archive ({err})"
+        ) from err
+
+
+def _split_and_class(member: str) -> tuple[str, str] | None:
+    """``[wrapper/]train/<class>/<file>`` -> ("train", class); anything else (README, ._foo) -> None."""
+    parts = PurePosixPath(member).parts
+    if len(parts) == 4:  # one top-level wrapping directory, as `tar czf x.tar.gz cifar10/` makes
+        parts = parts[1:]
+    if len(parts) != 3 or parts[0] not in SPLITS or parts[2].startswith("."):
+        return None
+    if PurePosixPath(parts[2]).suffix.lower() not in IMAGE_SUFFIXES:
+        return None
+    return parts[0], parts[1]
+
+
+class _Decoder:
+    """Decodes images one by one with Pillow into per-split lists, checking that all share one size.
+
+    Measured on the CIFAR-10 q75 archive (60k 32x32 JPEGs, 2 cores): Pillow ~7-9 s, the tar
+    stream ~4-5 s. Not taken: ``torchvision.io.decode_jpeg`` (pixel-identical, 3 s, but deprecated
+    since torchvision 0.29) and a process pool of decoders (measured slower on 2 cores).
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.images: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
+        self.meta: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}  # (class, member)
+        self.shape: tuple[int, ...] | None = None
+        self.first = ""
+
+    def add(self, split: str, cls: str, member: str, data: bytes) -> None:
+        try:
+            # formats=...: skip probing Pillow's other plugins (~10% of the per-image cost)
+            with Image.open(io.BytesIO(data), formats=PIL_FORMATS) as im:
+                img = np.array(im.convert("RGB") if im.mode != "RGB" else im)  # H x W x 3 uint8
+        except (UnidentifiedImageError, OSError, ValueError) as err:
+            raise DataError(f"imagefolder dataset {self.root}: cannot decode {member}: {err}") from err
+        if self.shape is None:
+            self.shape, self.first = tuple(img.shape), member
+        elif tuple(img.shape) != self.shape:
+            raise DataError(
+                f"imagefolder dataset {self.root}: {member} is {img.shape[1]}x{img.shape[0]} but "
+                f"{self.first} is {self.shape[1]}x{self.shape[0]}; all images must share one size "
+                f"(resize them first)"
+            )
+        self.images[split].append(img)
+        self.meta[split].append((cls, member))
+
+    def finish(self) -> Arrays:
+        for split in SPLITS:
+            if not self.images[split]:
+                raise DataError(
+                    f"imagefolder dataset {self.root}: no {split} images; expected "
+                    f"{split}/<class>/<image>.jpg|.png (optionally inside one top-level folder)"
+                )
+        classes = sorted({cls for cls, _ in self.meta["train"]})
+        unknown = sorted({cls for cls, _ in self.meta["test"]} - set(classes))
+        if unknown:
+            raise DataError(f"imagefolder dataset {self.root}: test classes {unknown} have no train/ folder")
+        label = {cls: i for i, cls in enumerate(classes)}
+        out: list[np.ndarray] = []
+        for split in SPLITS:
+            # Canonical order (label, path): the arrays do not depend on the archive's member order.
+            keys = [(label[cls], member) for cls, member in self.meta[split]]
+            order = sorted(range(len(keys)), key=keys.__getitem__)
+            imgs = self.images[split]
+            # N x H x W x C -> contiguous N x C x H x W, the layout the batch path slices
+            out.append(np.ascontiguousarray(np.stack([imgs[i] for i in order]).transpose(0, 3, 1, 2)))
+            out.append(np.array([keys[i][0] for i in order], dtype=np.int64))
+        return out[0], out[1], out[2], out[3], np.array(classes, dtype=np.str_)

@@ -1,0 +1,29 @@
+"""Engines: what delivers the ServerApp's Messages to ClientApps. Strategies never know which."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedsim.config import RunConfig
+
+
+def run_with_engine(cfg: RunConfig) -> dict[str, Any]:
+    """Run ``cfg`` to completion under ``cfg.engine``; returns the run summary."""
+    if cfg.engine == "flower":
+        from fedsim.engines.flower_sim import run_flower_simulation
+
+        return run_flower_simulation(cfg)
+    from fedsim.client_app import app
+    from fedsim.engines.local import InlineExecutor, LocalGrid
+    from fedsim.server_app import run_server
+
+    if cfg.simulation.backend == "ray":
+        from fedsim.engines.ray_pool import RayPoolExecutor
+
+        executor: Any = RayPoolExecutor(cfg.simulation, run_id=1, num_partitions=cfg.train.num_clients)
+    else:
+        executor = InlineExecutor(app, run_id=1, num_partitions=cfg.train.num_clients)
+    try:
+        return run_server(LocalGrid(executor), cfg)
+    finally:
+        executor.shutdown()

@@ -1,0 +1,21 @@
+"""fedsim's error hierarchy: every user-facing failure is one of these, caught by the CLI."""
+
+
+class FedsimError(Exception):
+    """Base of every error fedsim raises on purpose; the CLI prints its message, no traceback."""
+
+
+class ConfigError(FedsimError):
+    """A config field has a bad value; the message names the field and what is allowed."""
+
+
+class RegistryError(FedsimError):
+    """An unknown or duplicate name in a registry, or a plugin that fails to load."""
+
+
+class DataError(FedsimError):
+    """A dataset cannot be found, read or partitioned as asked."""
+
+
+class TrainingError(FedsimError):
+    """Training diverged (NaN / inf) or a client failed beyond the failure policy."""

@@ -1,0 +1,138 @@
+"""What fedsim adds to any Flower strategy: its own client sampling, evaluation schedule and
+deterministic reply order. Mixed in before the Flower class (``class X(FedsimServer, FedAvg)``).
+
+Flower samples node ids with ``random.sample``; node ids are random per run, so results would
+depend on the runtime. fedsim samples *partition ids* from its own seeded stream and hands Flower
+a grid view holding only those nodes. Replies are sorted by partition id before aggregation, so
+float sums run in the same order under every engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+
+from fedsim import wire
+from fedsim.errors import TrainingError
+
+
+@dataclass
+class Schedule:
+    """The server-side facts a strategy needs that Flower's constructors do not take."""
+
+    node_of_partition: dict[int, int]  # partition id -> node id
+    num_rounds: int
+    clients_per_round: int
+    eval_every: int
+    seed: int
+    last_train: MetricRecord | None = None
+    last_eval: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # pid -> (n, correct, loss)
+
+    def sample(self, server_round: int) -> list[int]:
+        """Partition ids training in this round (all, or a seeded sample without replacement)."""
+        pids = sorted(self.node_of_partition)
+        if self.clients_per_round >= len(pids):
+            return pids
+        rng = np.random.default_rng([self.seed, server_round, 0x5A3])
+        return sorted(rng.choice(pids, size=self.clients_per_round, replace=False).tolist())
+
+    def is_eval_round(self, server_round: int) -> bool:
+        return server_round % self.eval_every == 0 or server_round == self.num_rounds
+
+
+class _NodesView(Grid):
+    """A grid restricted to chosen nodes: lets Flower's own configure_* build the messages."""
+
+    def __init__(self, grid: Grid, node_ids: list[int]) -> None:
+        self._grid, self._node_ids = grid, node_ids
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self._node_ids)
+
+    def set_run(self, run):  # type: ignore[no-untyped-def]
+        self._grid.set_run(run)
+
+    @property
+    def run(self):  # type: ignore[no-untyped-def]
+        return self._grid.run
+
+    def create_message(self, *args, **kwargs) -> Message:  # type: ignore[no-untyped-def]
+        return self._grid.create_message(*args, **kwargs)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self._grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        return self._grid.send_and_receive(messages, timeout=timeout)
+
+
+def _partition_of(msg: Message) -> int:
+    return int(next(iter(msg.content.metric_records.values()))[wire.PARTITION_ID])
+
+
+def _valid_sorted(replies: Iterable[Message], what: str) -> list[Message]:
+    replies = list(replies)
+    failed = [m for m in replies if m.has_error()]
+    if failed:
+        # TODO(issue 5): the `on_client_failure: skip` policy aggregates the replies that arrived
+        raise TrainingError(
+            f"{len(failed)} client(s) failed during {what}: " + "; ".join(m.error.reason for m in failed)
+        )
+    return sorted(replies, key=_partition_of)
+
+
+class FedsimServer:
+    """Mixin for a Flower ``Strategy``: call :meth:`attach` before ``start()``."""
+
+    schedule: Schedule
+
+    def attach(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+        # fedsim chooses the nodes; Flower's own sampler must take every node it is shown
+        self.fraction_train = self.fraction_evaluate = 1.0
+        self.min_train_nodes = self.min_evaluate_nodes = self.min_available_nodes = 0
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        nodes = [self.schedule.node_of_partition[p] for p in self.schedule.sample(server_round)]
+        return super().configure_train(server_round, arrays, config, _NodesView(grid, nodes))  # type: ignore[misc]
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        arrays, metrics = super().aggregate_train(server_round, _valid_sorted(replies, "training"))  # type: ignore[misc]
+        if metrics is not None:
+            metrics.pop(wire.PARTITION_ID, None)  # an average of ids means nothing
+        self.schedule.last_train = metrics
+        return arrays, metrics
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        if not self.schedule.is_eval_round(server_round):
+            return []
+        nodes = [self.schedule.node_of_partition[p] for p in sorted(self.schedule.node_of_partition)]
+        return super().configure_evaluate(server_round, arrays, config, _NodesView(grid, nodes))  # type: ignore[misc]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        replies = _valid_sorted(replies, "evaluation")
+        self.schedule.last_eval = {}
+        for msg in replies:
+            m = next(iter(msg.content.metric_records.values()))
+            self.schedule.last_eval[_partition_of(msg)] = (
+                int(m[wire.NUM_EXAMPLES]),
+                int(m[wire.CORRECT]),
+                float(m[wire.EVAL_LOSS]),
+            )
+        if not replies:
+            return None
+        accs = [c / n for n, c, _ in self.schedule.last_eval.values() if n > 0]
+        return MetricRecord({"client-mean-acc": float(np.mean(accs)) if accs else 0.0})
