@@ -18,6 +18,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.serverapp import Grid, ServerApp
 
 from fedsim import wire
+from fedsim.arrays import to_array_record
 from fedsim.client_app import build_model
 from fedsim.config import RunConfig, load_config, validate_options
 from fedsim.data.batches import to_float
@@ -81,11 +82,18 @@ class RoundReporter:
         self.global_eval = GlobalEvaluator(cfg, fed) if cfg.eval.global_test else None
         self.progress = RoundProgress(cfg.train.rounds, cfg.output.progress)
         self.t0 = time.perf_counter()
+        self.round_ends: list[float] = []  # after aggregation, before evaluation: steady round cost
         self.last: dict[str, Any] = {}
+
+    def seconds_per_round(self) -> float | None:
+        """Mean round time after the first (which pays for imports and caches), evaluation excluded."""
+        ends = self.round_ends
+        return (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else None
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         if server_round == 0:
             return None
+        self.round_ends.append(self.schedule.train_ended)
         train = self.schedule.last_train
         loss = float(train[wire.TRAIN_LOSS]) if train is not None else None
         if not self.schedule.is_eval_round(server_round):
@@ -144,7 +152,7 @@ def run_server(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
     try:
         result = strategy.start(
             grid,
-            ArrayRecord(model.state_dict()),
+            to_array_record(model.state_dict()),
             num_rounds=cfg.train.rounds,
             train_config=config,
             evaluate_config=ConfigRecord({wire.RUN_CONFIG: cfg.to_json()}),
@@ -164,6 +172,7 @@ def run_server(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
         "rounds": cfg.train.rounds,
         "wall_time_s": round(wall, 2),
         "rounds_per_s": round(cfg.train.rounds / wall, 3),
+        "steady_s_per_round": reporter.seconds_per_round(),
         "final_client_mean_acc": accs[-1] if accs else None,
         "best_client_mean_acc": max(accs) if accs else None,
         "final_global_acc": reporter.last.get("global_acc"),

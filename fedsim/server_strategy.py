@@ -9,6 +9,7 @@ float sums run in the same order under every engine.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ class Schedule:
     eval_every: int
     seed: int
     last_train: MetricRecord | None = None
+    train_ended: float = 0.0  # perf_counter() after aggregation: round timing without evaluation
     last_eval: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # pid -> (n, correct, loss)
 
     def sample(self, server_round: int) -> list[int]:
@@ -112,6 +114,7 @@ class FedsimServer:
         if metrics is not None:
             metrics.pop(wire.PARTITION_ID, None)  # an average of ids means nothing
         self.schedule.last_train = metrics
+        self.schedule.train_ended = time.perf_counter()
         return arrays, metrics
 
     def configure_evaluate(

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, RecordDict
 
+from fedsim.arrays import copy_into, to_array_record
 from fedsim.data.batches import BatchStream
 from fedsim.errors import TrainingError
 from fedsim.models import FedsimModel
@@ -69,15 +70,11 @@ class ClientHooks:
 
 def load_arrays(model: torch.nn.Module, arrays: ArrayRecord, skip: frozenset[str] = frozenset()) -> None:
     """Copy arrays into the model's own tensors (no new model, no new tensors kept)."""
-    own = model.state_dict()
-    with torch.no_grad():
-        for key, array in arrays.items():
-            if key not in skip:
-                own[key].copy_(torch.from_numpy(array.numpy()))
+    copy_into(model.state_dict(), arrays, skip)
 
 
 def dump_arrays(model: torch.nn.Module, skip: frozenset[str] = frozenset()) -> ArrayRecord:
-    return ArrayRecord({k: v for k, v in model.state_dict().items() if k not in skip})
+    return to_array_record({k: v for k, v in model.state_dict().items() if k not in skip})
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,8 @@ def pool_size(sim: SimulationConfig, num_clients: int) -> int:
 
 class RayPoolExecutor:
     def __init__(self, sim: SimulationConfig, run_id: int, num_partitions: int) -> None:
-        if not ray.is_initialized():
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
             ray.init(
                 address=sim.ray_address,
                 include_dashboard=False,
@@ -68,3 +69,5 @@ class RayPoolExecutor:
         for a in self.actors:
             ray.kill(a)
         self.actors = []
+        if self._owns_ray:  # a cluster we joined or a caller's session stays up
+            ray.shutdown()

@@ -1,0 +1,47 @@
+"""Shared fixtures: every test gets its own FLWR_HOME and an offline Flower."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+MNIST_SMALL = REPO / "fedsim" / "assets" / "mnist_small.npz"
+CIFAR_Q75 = REPO.parent / "shared" / "datasets" / "cifar10_jpg_q75.tar.gz"
+
+
+@pytest.fixture(autouse=True)
+def _offline_flower(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+    monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
+    monkeypatch.setenv("FLWR_DISABLE_UPDATE_CHECK", "1")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def small_config(tmp_path: Path, **sections: Any) -> dict[str, Any]:
+    """A fast run: MLP on the shipped MNIST subset, 4 clients, few rounds."""
+    cfg: dict[str, Any] = {
+        "name": "t",
+        "seed": 0,
+        "data": {"dataset": "npz", "root": str(MNIST_SMALL), "augment": False},
+        "partition": {"name": "dirichlet", "beta": 0.5},
+        "model": {"name": "mlp", "norm": "ln", "args": {"hidden": [64]}},
+        "train": {"rounds": 4, "num_clients": 4, "local_steps": 3, "batch_size": 16, "lr": 0.05},
+        "eval": {"every": 2},
+        "output": {"dir": str(tmp_path / "runs"), "progress": False},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+            cfg[key] = {**cfg[key], **value}
+        else:
+            cfg[key] = value
+    return cfg
+
+
+def write_config(tmp_path: Path, cfg: dict[str, Any], name: str = "cfg.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(cfg))
+    return path

@@ -1,0 +1,105 @@
+"""Bad input fails before training, with one message naming the field and what is allowed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedsim.cli import main
+from fedsim.config import load_config
+from tests.conftest import small_config, write_config
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], path: Path, *overrides: str) -> tuple[int, str]:
+    argv = ["run", str(path)] + (["--set", *overrides] if overrides else [])
+    code = main(argv)
+    err = capsys.readouterr().err
+    return code, err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["strategy.name=fedavgg"], ["strategy.name", "unknown strategies 'fedavgg'", "fedavg"]),
+        (["model.norm=layernorm"], ["model.norm", "unknown norms 'layernorm'", "bn, fn, gn, ln, none"]),
+        (["data.dataset=imagenet"], ["data.dataset", "unknown datasets", "imagefolder", "npz"]),
+        (["model.name=vgg"], ["model.name", "cnn", "mlp", "resnet18"]),
+        (["train.lr=0"], ["train.lr", "greater than 0", "(got 0)"]),
+        (["train.lr=-0.1"], ["train.lr", "greater than 0"]),
+        (["partition.beta=0"], ["partition.beta", "greater than 0"]),
+        (["partition.betta=0.1"], ["partition.betta", "unknown key", "beta, min_size, balance"]),
+        (["train.rounds=0"], ["train.rounds", "greater than or equal to 1"]),
+        (["train.clients_per_round=9"], ["clients_per_round", "1..num_clients (4)"]),
+        (["trian.rounds=3"], ["trian", "unknown key"]),
+        (["engine=warp"], ["engine", "'local' or 'flower'"]),
+        (["model.norm_args={groups: 0}", "model.norm=gn"], ["model.norm_args.groups", "greater than or equal to 1"]),
+        (
+            ["partition={name: n_class, classes_per_client: 11}"],
+            ["classes_per_client", "11", "1..10"],
+        ),
+        (["train.num_clients=6000"], ["num_clients", "6000", "5000"]),
+    ],
+)
+def test_bad_config_is_one_clear_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: list[str], expected: list[str]
+) -> None:
+    path = write_config(tmp_path, small_config(tmp_path))
+    code, err = run_cli(capsys, path, *overrides)
+    assert code == 2
+    assert err.startswith("fedsim: error: ")
+    assert "Traceback" not in err
+    for fragment in expected:
+        assert fragment in err, f"{fragment!r} not in {err!r}"
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("metrics.jsonl"))
+
+
+def test_missing_data_path_says_where_it_looked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_config(tmp_path, small_config(tmp_path, data={"root": "nowhere/mnist.npz"}))
+    code, err = run_cli(capsys, path)
+    assert code == 2
+    assert str(tmp_path / "nowhere" / "mnist.npz") in err  # relative roots resolve against the config file
+
+
+def test_missing_torchvision_files_explain_download(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_config(tmp_path, small_config(tmp_path, data={"dataset": "cifar10", "root": "tv"}))
+    code, err = run_cli(capsys, path)
+    assert code == 2
+    assert str(tmp_path / "tv") in err and "data.download" in err
+
+
+def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_cli(capsys, tmp_path / "absent.yaml")
+    assert code == 2 and "config file not found" in err and "absent.yaml" in err
+
+
+def test_overrides_are_applied_and_parsed_as_yaml(tmp_path: Path) -> None:
+    path = write_config(tmp_path, small_config(tmp_path))
+    cfg = load_config(path, ["train.rounds=5", "model.norm=fn", "model.args={hidden: [8, 8]}", "seed=3"])
+    assert cfg.train.rounds == 5 and cfg.model.norm == "fn" and cfg.model.args == {"hidden": [8, 8]}
+    assert cfg.seed == 3
+
+
+def test_bad_override_syntax(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_config(tmp_path, small_config(tmp_path))
+    code, err = run_cli(capsys, path, "train.rounds")
+    assert code == 2 and "key.path=value" in err
+
+
+def test_cli_process_exit_code_and_no_traceback(tmp_path: Path) -> None:
+    path = write_config(tmp_path, small_config(tmp_path, train={"lr": -1}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedsim.cli", "run", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2
+    assert "train.lr" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_list_shows_every_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("fedavg", "dirichlet", "n_class", "iid", "ln", "fn", "gn", "bn", "cnn", "resnet18", "imagefolder"):
+        assert f"  {name} " in out
+    assert "beta=0.5" in out  # options with their defaults
