@@ -1,18 +1,20 @@
 """Round overhead and speed against the compute floor, for every engine, in one process and one run.
 
-    python benchmarks/round_overhead.py            # full: 10 and 100 clients, all engines
-    python benchmarks/round_overhead.py --quick    # fewer rounds, no 100-client Flower runtime
+    python benchmarks/round_overhead.py            # everything below
+    python benchmarks/round_overhead.py --quick    # fewer rounds; no 100-client Flower runtime
+    python benchmarks/round_overhead.py --memory   # RSS at rounds 100 and 1,000 (inline, 0 steps)
 
-Per-round cost is a slope: each setting runs twice, for R1 and R2 rounds, and the cost is
-(T(R2) - T(R1)) / (R2 - R1), so start-up, data loading and the final evaluation cancel out.
-The compute floor is the same SGD steps (same model, same batches, same augmentation) in a bare
-PyTorch loop in this process. The machine is noisy: read the ratios, not the absolute numbers.
+Per-round cost is the run's steady round time (``steady_s_per_round`` in summary.json): the mean
+time from the end of round 1's aggregation to the end of the last round's, evaluation excluded,
+so start-up, data loading and the first round's imports do not count. The compute floor is the
+same SGD steps (same model, same batches, same augmentation) in a bare PyTorch loop in this
+process. The machine is noisy: read the ratios, which are measured in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import shutil
 import tempfile
 import time
@@ -55,17 +57,10 @@ def base_config(clients: int, steps: int, backend: str, engine: str, out: Path) 
     )
 
 
-def timed_run(cfg: RunConfig, rounds: int) -> float:
+def per_round(cfg: RunConfig, rounds: int) -> float:
     cfg = cfg.model_copy(deep=True)
     cfg.train.rounds = rounds
-    t0 = time.perf_counter()
-    run(cfg)
-    return time.perf_counter() - t0
-
-
-def per_round(cfg: RunConfig, r1: int, r2: int) -> float:
-    timed_run(cfg, 1)  # warm caches: decoded data, imports
-    return (timed_run(cfg, r2) - timed_run(cfg, r1)) / (r2 - r1)
+    return float(run(cfg)["steady_s_per_round"])
 
 
 def compute_floor(cfg: RunConfig, rounds: int) -> float:
@@ -89,46 +84,74 @@ def compute_floor(cfg: RunConfig, rounds: int) -> float:
     return (time.perf_counter() - t0) / rounds
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    out = Path(tempfile.mkdtemp(prefix="fedsim-bench-"))
-    console = Console()
-    r1, r2 = (2, 6) if args.quick else (5, 25)
-    engines = [("local", "inline"), ("local", "ray"), ("flower", "inline")]
-    table = Table(title="per-round overhead, 0 local steps (paper CNN)")
-    for col in ("engine", "clients", "ms / round"):
+def label(engine: str, backend: str) -> str:
+    return "flower (Ray runtime)" if engine == "flower" else f"local ({backend})"
+
+
+def overhead_table(console: Console, out: Path, quick: bool) -> None:
+    table = Table(title="per-round overhead at 0 local steps (paper CNN, CIFAR-10 shapes)")
+    for col in ("engine", "clients", "ms / round", "ms / client"):
         table.add_column(col)
-    for clients in (10, 100):
-        for engine, backend in engines:
-            if engine == "flower" and clients == 100 and args.quick:
+    rounds = 6 if quick else 30
+    for engine, backend in ENGINES:
+        for clients in (10, 50, 100):
+            if engine == "flower" and clients > 10 and quick:
                 continue
-            cfg = base_config(clients, 0, backend, engine, out)
-            fr1, fr2 = (2, 4) if engine == "flower" else (r1, r2)
-            ms = per_round(cfg, fr1, fr2) * 1000
-            label = "flower (Ray runtime)" if engine == "flower" else f"local ({backend})"
-            table.add_row(label, str(clients), f"{ms:.1f}")
-            console.print(f"  {label:22s} {clients:4d} clients: {ms:8.1f} ms/round")
+            n = min(rounds, 6) if engine == "flower" else rounds
+            ms = per_round(base_config(clients, 0, backend, engine, out), n) * 1000
+            table.add_row(label(engine, backend), str(clients), f"{ms:.1f}", f"{ms / clients:.2f}")
+            console.print(f"  {label(engine, backend):22s} {clients:4d} clients: {ms:8.1f} ms/round")
     console.print(table)
 
+
+def paper_table(console: Console, out: Path, quick: bool) -> None:
     paper = Table(title="paper setting: 10 clients x 10 steps x batch 32, paper CNN, CIFAR-10")
     for col in ("engine", "s / round", "rounds / s", "ratio to floor"):
         paper.add_column(col)
     floor_cfg = base_config(10, 10, "inline", "local", out)
-    floor = compute_floor(floor_cfg, 3 if args.quick else 5)
-    paper.add_row("compute floor (bare loop)", f"{floor:.3f}", f"{1 / floor:.3f}", "1.00")
-    for engine, backend in engines:
-        cfg = base_config(10, 10, backend, engine, out)
-        s = per_round(cfg, 2, 4) if args.quick or engine == "flower" else per_round(cfg, 2, 7)
-        label = "flower (Ray runtime)" if engine == "flower" else f"local ({backend})"
-        paper.add_row(label, f"{s:.3f}", f"{1 / s:.3f}", f"{s / floor:.2f}")
-        console.print(f"  {label:22s}: {s:.3f} s/round, {s / floor:.2f}x floor")
-    # the floor is re-measured last as well: the machine drifts, and the ratio must not flatter
-    floor2 = compute_floor(floor_cfg, 3 if args.quick else 5)
+    floor = compute_floor(floor_cfg, 3 if quick else 5)
+    paper.add_row("compute floor (bare loop, 1 process)", f"{floor:.3f}", f"{1 / floor:.3f}", "1.00")
+    for engine, backend in ENGINES:
+        s = per_round(base_config(10, 10, backend, engine, out), 3 if quick else 6)
+        paper.add_row(label(engine, backend), f"{s:.3f}", f"{1 / s:.3f}", f"{s / floor:.2f}")
+        console.print(f"  {label(engine, backend):22s}: {s:.3f} s/round, {s / floor:.2f}x floor")
+    # the floor again, last: the machine drifts, and the ratios must not flatter
+    floor2 = compute_floor(floor_cfg, 3 if quick else 5)
     paper.add_row("compute floor, again", f"{floor2:.3f}", f"{1 / floor2:.3f}", f"{floor2 / floor:.2f}")
     console.print(paper)
+
+
+def memory_table(console: Console, out: Path) -> None:
+    cfg = base_config(10, 0, "inline", "local", out)
+    cfg.train.rounds = 1000
+    cfg.eval.every = 100
+    summary = run(cfg)
+    lines = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    rss = {m["round"]: m["rss_mb"] for m in lines}
+    table = Table(title="resident memory, inline engine, 10 clients, 0 local steps")
+    table.add_column("round")
+    table.add_column("RSS MiB")
+    for r in sorted(rss):
+        table.add_row(str(r), f"{rss[r]:.1f}")
+    console.print(table)
+    console.print(f"growth from round 100 to 1,000: {rss[1000] - rss[100]:+.1f} MiB")
+
+
+ENGINES = [("local", "inline"), ("local", "ray"), ("flower", "inline")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--memory", action="store_true", help="only the 1,000-round memory check")
+    args = parser.parse_args()
+    out = Path(tempfile.mkdtemp(prefix="fedsim-bench-"))
+    console = Console()
+    if args.memory:
+        memory_table(console, out)
+    else:
+        overhead_table(console, out, args.quick)
+        paper_table(console, out, args.quick)
     shutil.rmtree(out, ignore_errors=True)
 
 

@@ -43,6 +43,7 @@ class Registry(Generic[T]):
         self.group = f"fedsim.{kind}"
         self._entries: dict[str, Entry[T]] = {}
         self._plugins_loaded = False
+        self._plugin_names: set[str] = set()
 
     def register(self, name: str, source: str = "builtin") -> Callable[[T], T]:
         """Decorator: ``@NORMS.register("ln")``. A duplicate name raises, naming both sources."""
@@ -75,6 +76,18 @@ class Registry(Generic[T]):
                     f"{self.kind} plugin {ep.name!r} ({ep.value}, from {dist}) failed to load: {err}"
                 ) from err
             self._add(ep.name, obj, f"entry point {ep.value} ({dist})")
+            self._plugin_names.add(normalise_name(ep.name))
+
+    def reset_plugins(self) -> None:
+        """Forget the loaded entry points; the next unknown name reads them again.
+
+        For a process whose installed distributions changed (a test, a notebook after
+        ``pip install``); built-ins and their registrations are kept.
+        """
+        for name in self._plugin_names:
+            self._entries.pop(name, None)
+        self._plugin_names.clear()
+        self._plugins_loaded = False
 
     def get(self, name: str) -> T:
         """The registered object for ``name`` or a ``package.module:Name`` path."""

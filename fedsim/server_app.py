@@ -8,6 +8,7 @@ the ``evaluate_fn`` hook writes the metrics line and moves the progress bar.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,13 @@ def discover_partitions(grid: Grid, num_clients: int, wait_s: float = 600.0) -> 
             f"nodes hold partitions {sorted(mapping)}, expected 0..{num_clients - 1} (train.num_clients)"
         )
     return mapping
+
+
+def resident_mb() -> float:
+    """This process's resident memory now (Linux), to see growth over rounds in metrics.jsonl."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
 class GlobalEvaluator:
@@ -111,6 +119,7 @@ class RoundReporter:
         if self.global_eval is not None:
             record.update(self.global_eval(arrays))
         record["client_acc"] = list(client_acc.values())
+        record["rss_mb"] = resident_mb()
         self.out.append_metrics(record)
         self.last = record
         self.progress.update(server_round, loss, record["client_mean_acc"])
@@ -141,6 +150,7 @@ def run_server(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
         clients_per_round=cfg.train.clients_per_round or cfg.train.num_clients,
         eval_every=cfg.eval.every,
         seed=cfg.seed,
+        parameter_keys=frozenset(name for name, _ in model.named_parameters()),
     )
     strategy.attach(schedule)
     reporter = RoundReporter(cfg, fed, schedule, out)

@@ -14,10 +14,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 from fedsim import wire
+from fedsim.arrays import array_view, to_array_record
 from fedsim.errors import TrainingError
 
 
@@ -30,6 +32,10 @@ class Schedule:
     clients_per_round: int
     eval_every: int
     seed: int
+    # Names of the model's trainable parameters (``named_parameters()``; the rest of the state
+    # dict are buffers): run_server builds the model anyway, so strategies that treat parameters
+    # and buffers differently (SCAFFOLD, FedYogi) ask here instead of clients marking keys.
+    parameter_keys: frozenset[str] = frozenset()
     last_train: MetricRecord | None = None
     train_ended: float = 0.0  # perf_counter() after aggregation: round timing without evaluation
     last_eval: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # pid -> (n, correct, loss)
@@ -79,7 +85,8 @@ def _partition_of(msg: Message) -> int:
     return int(next(iter(msg.content.metric_records.values()))[wire.PARTITION_ID])
 
 
-def _valid_sorted(replies: Iterable[Message], what: str) -> list[Message]:
+def valid_sorted(replies: Iterable[Message], what: str) -> list[Message]:
+    """The replies sorted by partition id; raises if any client failed."""
     replies = list(replies)
     failed = [m for m in replies if m.has_error()]
     if failed:
@@ -110,7 +117,7 @@ class FedsimServer:
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        arrays, metrics = super().aggregate_train(server_round, _valid_sorted(replies, "training"))  # type: ignore[misc]
+        arrays, metrics = super().aggregate_train(server_round, valid_sorted(replies, "training"))  # type: ignore[misc]
         if metrics is not None:
             metrics.pop(wire.PARTITION_ID, None)  # an average of ids means nothing
         self.schedule.last_train = metrics
@@ -126,7 +133,7 @@ class FedsimServer:
         return super().configure_evaluate(server_round, arrays, config, _NodesView(grid, nodes))  # type: ignore[misc]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        replies = _valid_sorted(replies, "evaluation")
+        replies = valid_sorted(replies, "evaluation")
         self.schedule.last_eval = {}
         for msg in replies:
             m = next(iter(msg.content.metric_records.values()))
@@ -139,3 +146,29 @@ class FedsimServer:
             return None
         accs = [c / n for n, c, _ in self.schedule.last_eval.values() if n > 0]
         return MetricRecord({"client-mean-acc": float(np.mean(accs)) if accs else 0.0})
+
+    def server_state(self) -> ArrayRecord:
+        """The strategy's own state across rounds (SCAFFOLD's c, Yogi's m and v), for checkpoints."""
+        return ArrayRecord()
+
+    def load_server_state(self, state: ArrayRecord) -> None:
+        """Restore what :meth:`server_state` returned."""
+
+
+def state_record(slots: dict[str, dict[str, np.ndarray] | None]) -> ArrayRecord:
+    """Named groups of arrays as one ArrayRecord with ``"<slot>/<name>"`` keys."""
+    tensors = {
+        f"{slot}{wire.STATE_SEP}{name}": torch.from_numpy(np.ascontiguousarray(v))
+        for slot, arrays in slots.items()
+        for name, v in (arrays or {}).items()
+    }
+    return to_array_record(tensors)
+
+
+def state_slots(record: ArrayRecord) -> dict[str, dict[str, np.ndarray]]:
+    """The inverse of :func:`state_record` (writable copies)."""
+    slots: dict[str, dict[str, np.ndarray]] = {}
+    for key, array in record.items():
+        slot, _, name = key.partition(wire.STATE_SEP)
+        slots.setdefault(slot, {})[name] = array_view(array).copy()
+    return slots

@@ -20,3 +20,12 @@ EVAL_LOSS = "eval-loss"
 
 # Message types
 QUERY_PARTITION = "query.partition"  # asks a node which partition it holds
+
+# Strategy records: extra records beside the model in Messages, in a client's Context.state, and
+# in a server's ``server_state()`` (names of ArrayRecords and prefixes of their keys)
+PROXIMAL_MU = "proximal-mu"  # ConfigRecord entry; Flower's FedProx sends it under this name
+SCAFFOLD_C = "scaffold.c"  # server -> client: the server control variate c
+SCAFFOLD_DELTA_C = "scaffold.delta-c"  # client -> server: Δc_i = c_i⁺ − c_i
+SCAFFOLD_C_I = "scaffold.c-i"  # Context.state: the client control variate c_i
+FEDBN_LOCAL = "fedbn.local"  # Context.state: the client's own normalisation tensors
+STATE_SEP = "/"  # server_state() keys are "<slot>/<tensor name>", e.g. "v_t/fc.weight"

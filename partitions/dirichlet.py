@@ -54,7 +54,7 @@ class DirichletPartitioner(Partitioner):
                 f"dirichlet: min_size={p.min_size} x num_clients={num_clients} exceeds the "
                 f"{n_total} train samples (beta={p.beta}); lower min_size"
             )
-        for tries in range(1, p.max_tries + 1):
+        for tries in range(1, p.max_tries + 1):  # noqa: B007 (read after the loop, in the note)
             train, props = self._draw(train_labels, num_clients, num_classes, p, rng)
             if min(len(t) for t in train) >= p.min_size:
                 break

@@ -99,7 +99,7 @@ def test_cnn_ln_normalises_over_chw_after_the_activation() -> None:
     h = F.max_pool2d(_manual_ln(F.relu(model.conv2(h)), model.norm2.weight, model.norm2.bias), 2)
     h = h.flatten(1)
     assert h.shape[1] == 1600
-    for fc, n in zip(model.fcs, model.fc_norms):
+    for fc, n in zip(model.fcs, model.fc_norms, strict=True):
         h = _manual_ln(F.relu(fc(h)), n.weight, n.bias)
     torch.testing.assert_close(model.forward_features(x), h, atol=1e-4, rtol=1e-4)
 

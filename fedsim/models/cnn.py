@@ -54,7 +54,7 @@ class CNN(FedsimModel):
         x = self.pool(self.act_norm(self.conv1(x), self.norm1))
         x = self.pool(self.act_norm(self.conv2(x), self.norm2))
         x = x.flatten(1)
-        for fc, fc_norm in zip(self.fcs, self.fc_norms):
+        for fc, fc_norm in zip(self.fcs, self.fc_norms, strict=True):
             x = self.act_norm(fc(x), fc_norm)
         return self.feature_norm(x)
 

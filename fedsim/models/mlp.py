@@ -37,6 +37,6 @@ class MLP(FedsimModel):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = x.flatten(1)
-        for fc, fc_norm in zip(self.fcs, self.fc_norms):
+        for fc, fc_norm in zip(self.fcs, self.fc_norms, strict=True):
             x = self.act_norm(fc(x), fc_norm)
         return self.feature_norm(x)

@@ -54,7 +54,7 @@ class ResNet18(FedsimModel):
         self.norm1 = norm.norm("conv", _WIDTHS[0])
         blocks: list[nn.Module] = []
         c_in = _WIDTHS[0]
-        for stage, (width, depth) in enumerate(zip(_WIDTHS, _DEPTHS)):
+        for stage, (width, depth) in enumerate(zip(_WIDTHS, _DEPTHS, strict=True)):
             for i in range(depth):
                 stride = 2 if stage > 0 and i == 0 else 1
                 blocks.append(BasicBlock(self.params, self.act, norm, c_in, width, stride))

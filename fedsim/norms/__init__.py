@@ -27,7 +27,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from fedsim.config import validate_options
@@ -146,5 +146,8 @@ def list_norms() -> list[str]:
     return NORMS.names()
 
 
-# Registration happens on import; kept last because basic.py imports from this module.
-from fedsim.norms import basic as _basic  # noqa: F401
+# Registration happens on import; kept last because these modules import from this one.
+from fedsim.norms import affine_divergence as _affine_divergence  # noqa: E402, F401
+from fedsim.norms import basic as _basic  # noqa: E402, F401
+from fedsim.norms import ln_variants as _ln_variants  # noqa: E402, F401
+from fedsim.norms import weierstrass as _weierstrass  # noqa: E402, F401

@@ -1,0 +1,137 @@
+"""A run leaves a complete, readable run directory, and the shipped configs run as a user runs them."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from fedsim.config import parse_config
+from fedsim.runner import run
+from tests.conftest import CIFAR_Q75, REPO, small_config
+
+
+def test_run_directory_contents(tmp_path: Path) -> None:
+    cfg = parse_config(small_config(tmp_path, output={"tensorboard": True}, train={"rounds": 5}))
+    summary = run(cfg)
+    run_dir = Path(summary["run_dir"])
+    assert run_dir.parent == tmp_path / "runs" and run_dir.name.startswith("t-")
+
+    resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert resolved["train"]["rounds"] == 5 and resolved["output"]["run_dir"] == str(run_dir)
+
+    with open(run_dir / "partition.csv") as f:
+        rows = list(csv.DictReader(f))
+    train_rows = [r for r in rows if r["split"] == "train"]
+    assert len(train_rows) == 4 and len(rows) == 8
+    assert sum(int(r["total"]) for r in train_rows) == 5000  # every training sample placed once
+    assert all(int(r["total"]) == sum(int(r[str(c)]) for c in range(10)) for r in rows)
+
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["round"] for m in lines] == [2, 4, 5]  # every 2 rounds and after the last
+    last = lines[-1]
+    assert len(last["client_acc"]) == 4 and len(last["per_class_acc"]) == 10
+    assert last["client_mean_acc"] == pytest.approx(np.mean(last["client_acc"]))
+    assert 0.3 < last["global_acc"] <= 1.0
+
+    saved = json.loads((run_dir / "summary.json").read_text())
+    assert saved["final_client_mean_acc"] == last["client_mean_acc"]
+    assert saved["best_client_mean_acc"] == max(m["client_mean_acc"] for m in lines)
+    state = torch.load(run_dir / "model.pt")
+    assert set(state) >= {"classifier.weight"} and state["classifier.weight"].shape == (10, 64)
+    assert any((run_dir / "tb").iterdir())
+    assert not list(run_dir.glob(".*.tmp"))  # atomic writes leave no temp files
+
+
+def test_global_model_file_reproduces_global_accuracy(tmp_path: Path) -> None:
+    from fedsim.client_app import build_model
+    from fedsim.data.batches import to_float
+    from fedsim.federation import load_federation
+
+    cfg = parse_config(small_config(tmp_path))
+    summary = run(cfg)
+    fed = load_federation(cfg)
+    model = build_model(cfg, 10, fed.dataset.in_shape)
+    model.load_state_dict(torch.load(Path(summary["run_dir"]) / "model.pt"))
+    model.eval()
+    with torch.no_grad():
+        pred = model(to_float(fed.dataset.x_test)).argmax(1)
+    assert float((pred == fed.dataset.y_test).float().mean()) == pytest.approx(summary["final_global_acc"])
+
+
+def _fedsim(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "fedsim.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+@pytest.mark.slow
+def test_quickstart_runs_to_completion_as_documented(tmp_path: Path) -> None:
+    proc = _fedsim("run", "configs/quickstart.yaml", "--set", f"output.dir={tmp_path}", cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds"] == 10
+    assert summary["final_client_mean_acc"] > 0.8  # MNIST subset, LN CNN: learns well within 10 rounds
+    assert "round" in proc.stderr and "client-mean acc" in proc.stderr  # the progress bar was shown
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CIFAR_Q75.exists(), reason="../shared/datasets/cifar10_jpg_q75.tar.gz is not present")
+def test_cifar10_paper_config_runs(tmp_path: Path) -> None:
+    proc = _fedsim(
+        "run", "configs/cifar10_1class_fedavg.yaml", "--set",
+        "train.rounds=2", "eval.every=2", f"output.dir={tmp_path}", f"data.cache_dir={tmp_path / 'cache'}",
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    counts = list(csv.reader(open(run_dir / "partition.csv")))[1:11]
+    # one class per client, all of it: 5,000 training images each, every class used once
+    assert sorted(int(r[-1]) for r in counts) == [5000] * 10
+    assert sorted(int(np.argmax([int(v) for v in r[2:-1]])) for r in counts) == list(range(10))
+    metrics = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert metrics["round"] == 2 and len(metrics["per_class_acc"]) == 10
+
+
+def test_built_wheel_installs_strategies_and_partitions_as_subpackages(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(REPO)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    wheel = next(tmp_path.glob("fedsim-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "fedsim/strategies/fedavg.py" in names and "fedsim/partitions/dirichlet.py" in names
+    assert "fedsim/assets/mnist_small.npz" in names
+    assert not any(n.startswith(("strategies/", "partitions/")) for n in names)  # no generic top-level packages
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    probe = (
+        "import fedsim.strategies as s, fedsim.partitions as p, fedsim; "
+        "print(s.STRATEGIES.names(), p.PARTITIONERS.names(), fedsim.__file__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(site)},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "fedavg" in out.stdout and "dirichlet" in out.stdout and str(site) in out.stdout
+
+
+def test_editable_install_imports_subpackages_from_the_repo() -> None:
+    import fedsim.partitions
+    import fedsim.strategies
+
+    assert Path(fedsim.strategies.__file__).resolve() == REPO / "strategies" / "__init__.py"
+    assert Path(fedsim.partitions.__file__).resolve() == REPO / "partitions" / "__init__.py"
