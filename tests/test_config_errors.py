@@ -24,7 +24,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], path: Path, *overrides: str) -> 
     ("overrides", "expected"),
     [
         (["strategy.name=fedavgg"], ["strategy.name", "unknown strategies 'fedavgg'", "fedavg"]),
-        (["model.norm=layernorm"], ["model.norm", "unknown norms 'layernorm'", "bn, fn, gn, ln, none"]),
+        (["model.norm=layernorm"], ["model.norm", "unknown norms 'layernorm'", "bn, fn, gn", "pln", "rms"]),
         (["data.dataset=imagenet"], ["data.dataset", "unknown datasets", "imagefolder", "npz"]),
         (["model.name=vgg"], ["model.name", "cnn", "mlp", "resnet18"]),
         (["train.lr=0"], ["train.lr", "greater than 0", "(got 0)"]),
