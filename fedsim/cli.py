@@ -29,6 +29,21 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from fedsim.sweep import run_sweep
+
+    out = run_sweep(args.sweep, args.parallel)
+    print(out)
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from fedsim.report import write_report
+
+    print(write_report(args.dir, args.target).read_text(), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedsim", description="Federated learning on label-skewed data.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -38,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config values, e.g. train.rounds=5"
     )
     run.set_defaults(func=_cmd_run)
+    sweep = sub.add_parser("sweep", help="run every cell of a sweep file (skips finished runs)")
+    sweep.add_argument("sweep", help="path to the sweep YAML")
+    sweep.add_argument("--parallel", type=int, default=None, help="runs at once (default: the file's)")
+    sweep.set_defaults(func=_cmd_sweep)
+    report = sub.add_parser("report", help="results table (Markdown, CSV) and accuracy plot of a sweep")
+    report.add_argument("dir", help="a sweep directory (or any directory holding run directories)")
+    report.add_argument("--target", type=float, default=0.5, help="accuracy for 'rounds to target'")
+    report.set_defaults(func=_cmd_report)
     lst = sub.add_parser("list", help="list strategies, normalisers, models, datasets, partitioners")
     lst.add_argument("kind", nargs="?", help="one kind only")
     lst.set_defaults(func=_cmd_list)

@@ -54,6 +54,10 @@ class RunDir:
                 lines.append(f"{split},{cid}," + ",".join(str(int(v)) for v in row) + f",{int(row.sum())}")
         atomic_write(self.path / "partition.csv", ("\n".join(lines) + "\n").encode())
 
+    def reset_metrics(self) -> None:
+        """A fresh run into an existing directory (e.g. a sweep re-running an interrupted cell)."""
+        (self.path / "metrics.jsonl").unlink(missing_ok=True)
+
     def append_metrics(self, record: dict[str, Any]) -> None:
         with open(self.path / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")

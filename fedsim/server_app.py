@@ -132,6 +132,7 @@ def run_server(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
     fed = load_federation(cfg)
     out = RunDir(cfg.output.run_dir or default_run_dir(cfg), cfg.output.tensorboard)
     out.write_config(cfg)
+    out.reset_metrics()
     ds = fed.dataset
     out.write_partition(fed.train_counts, fed.test_counts, ds.classes)
     if cfg.output.progress:

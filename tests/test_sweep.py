@@ -1,0 +1,55 @@
+"""fedsim sweep / fedsim report: grids validated up front, finished runs skipped, tables over seeds."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedsim.cli import main
+from fedsim.report import write_report
+from fedsim.sweep import run_sweep
+from tests.conftest import small_config, write_config
+
+
+def make_sweep(tmp_path: Path, grid: dict, **extra) -> Path:  # type: ignore[no-untyped-def]
+    write_config(tmp_path, small_config(tmp_path, train={"rounds": 2}, eval={"every": 1}), "base.yaml")
+    sweep = {"base": "base.yaml", "name": "s", "output": str(tmp_path / "sweeps"), "grid": grid, **extra}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("grid", "fragment"),
+    [({"model.normm": ["ln"]}, "model.normm: unknown key"), ({"model.norm": []}, "empty list"),
+     ({"model.norm": ["ln", "nope"]}, "unknown norms 'nope'")],
+)
+def test_bad_grid_fails_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str], grid, fragment) -> None:  # type: ignore[no-untyped-def]
+    path = make_sweep(tmp_path, grid)
+    assert main(["sweep", str(path)]) == 2
+    assert fragment in capsys.readouterr().err
+    assert not (tmp_path / "sweeps").exists()
+
+
+def test_sweep_runs_grid_skips_finished_and_reports(tmp_path: Path) -> None:
+    path = make_sweep(tmp_path, {"model.norm": ["ln", "none"], "seed": [0, 1]})
+    out = run_sweep(path, log=lambda _: None)
+    dirs = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert dirs == ["norm=ln,seed=0", "norm=ln,seed=1", "norm=none,seed=0", "norm=none,seed=1"]
+    stamp = (out / "norm=ln,seed=0" / "summary.json").stat().st_mtime_ns
+    (out / "norm=none,seed=1" / "summary.json").unlink()  # as if interrupted in that run
+    lines: list[str] = []
+    run_sweep(path, log=lines.append)
+    assert "4 runs, 3 already complete" in lines[0] and len(lines) == 2
+    assert (out / "norm=ln,seed=0" / "summary.json").stat().st_mtime_ns == stamp
+    assert len((out / "norm=none,seed=1" / "metrics.jsonl").read_text().splitlines()) == 2  # not appended twice
+
+    write_report(out, target=0.2)
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert [r["norm"] for r in rows] == ["ln", "none"] and all(r["seeds"] == "2" for r in rows)
+    assert "±" in rows[0]["final client-mean acc %"]
+    assert (out / "accuracy.png").stat().st_size > 10_000
+    assert (out / "results.md").read_text().startswith("| norm | seeds |")
