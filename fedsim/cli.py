@@ -44,6 +44,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from fedsim.plots import write_plots
+
+    out = args.out or (args.run_dirs[0] if len(args.run_dirs) == 1 else ".")
+    written, notes = write_plots(args.run_dirs, out)
+    for path in written:
+        print(path)
+    for note in notes:
+        print(f"fedsim: skipped {note}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedsim", description="Federated learning on label-skewed data.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -61,6 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("dir", help="a sweep directory (or any directory holding run directories)")
     report.add_argument("--target", type=float, default=0.5, help="accuracy for 'rounds to target'")
     report.set_defaults(func=_cmd_report)
+    plot = sub.add_parser(
+        "plot", help="PNGs of runs: accuracy per round, label distribution, feature spectrum"
+    )
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (or directories holding them)")
+    plot.add_argument(
+        "--out", "-o", default=None, help="where the PNGs go (default: the RUN_DIR if one, else the current directory)"
+    )
+    plot.set_defaults(func=_cmd_plot)
     lst = sub.add_parser("list", help="list strategies, normalisers, models, datasets, partitioners")
     lst.add_argument("kind", nargs="?", help="one kind only")
     lst.set_defaults(func=_cmd_list)

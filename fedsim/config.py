@@ -111,6 +111,28 @@ class OutputConfig(_Strict):
     progress: bool = True
 
 
+class DiagnosticsConfig(_Strict):
+    """What ``fedsim.diagnostics`` measures on a fixed probe batch at each evaluation (all off: free)."""
+
+    features: bool = Field(
+        False, description="penultimate-feature singular values, effective rank, feature and class norms"
+    )
+    isometry: bool = Field(False, description="isometry I(G) of the features entering each linear / conv layer")
+    grad_norms: bool = Field(False, description="gradient norm per parameter of the initial model (first line)")
+    probe_size: int = Field(256, ge=2, description="the probe batch: the first probe_size test images")
+    isometry_size: int = Field(
+        10, ge=2, description="the first isometry_size probe images form the Gram (keep <= every layer width)"
+    )
+
+    @model_validator(mode="after")
+    def _sizes(self) -> DiagnosticsConfig:
+        if self.isometry_size > self.probe_size:
+            raise ValueError(
+                f"diagnostics.isometry_size = {self.isometry_size} must be <= probe_size ({self.probe_size})"
+            )
+        return self
+
+
 class RunConfig(_Strict):
     name: str = "run"
     seed: int = 0
@@ -123,6 +145,7 @@ class RunConfig(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     simulation: SimulationConfig = Field(default_factory=SimulationConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+    diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True)

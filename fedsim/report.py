@@ -2,54 +2,29 @@
 
 Runs are grouped by every config value that differs between them except the seed; each group
 reports mean +- std over its seeds of the final and best client-mean accuracy and the final
-global accuracy, and the first evaluated round reaching ``--target`` client-mean accuracy.
+global accuracy, the first evaluated round reaching ``--target`` client-mean accuracy, and the
+final effective rank of the penultimate features where the runs recorded diagnostics.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from fedsim.errors import FedsimError
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, path + "."))
-        else:
-            flat[path] = value
-    return flat
-
-
-_IGNORED = ("name", "seed", "output.", "simulation.")
+from fedsim.plots import plot_accuracy
+from fedsim.rundir import read_run, varying_keys
 
 
 def load_runs(root: Path) -> list[dict[str, Any]]:
-    runs = []
-    for summary_path in sorted(root.rglob("summary.json")):
-        run_dir = summary_path.parent
-        config = _flatten(yaml.safe_load((run_dir / "config.yaml").read_text()))
-        metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        runs.append({"dir": run_dir, "config": config, "summary": json.loads(summary_path.read_text()), "metrics": metrics})
+    """Every finished run (one with ``summary.json``) under ``root``."""
+    runs = [read_run(summary_path.parent) for summary_path in sorted(root.rglob("summary.json"))]
     if not runs:
         raise FedsimError(f"no finished runs (summary.json) under {root}")
     return runs
-
-
-def varying_keys(runs: list[dict[str, Any]]) -> list[str]:
-    keys = sorted({k for r in runs for k in r["config"]})
-    return [
-        k for k in keys
-        if not k.startswith(_IGNORED) and len({json.dumps(r["config"].get(k)) for r in runs}) > 1
-    ]
 
 
 def _mean_std(values: list[float]) -> str:
@@ -73,6 +48,9 @@ def table(runs: list[dict[str, Any]], target: float) -> tuple[list[str], list[li
         "seeds", "rounds", "final client-mean acc %", "best client-mean acc %", "final global acc %",
         f"rounds to {100 * target:.0f}%",
     ]
+    with_erank = any(m.get("feature_erank") is not None for r in runs for m in r["metrics"])
+    if with_erank:
+        header.append("feature erank")
     rows = []
     for values, members in groups.items():
         s = [m["summary"] for m in members]
@@ -88,27 +66,11 @@ def table(runs: list[dict[str, Any]], target: float) -> tuple[list[str], list[li
             f"{int(np.mean(reached))}" + ("" if len(reached) == len(reach) else f" ({len(reached)}/{len(reach)})")
             if reached else "-",
         ])
+        if with_erank:
+            eranks = [m["metrics"][-1].get("feature_erank") for m in members]
+            eranks = [e for e in eranks if e is not None]
+            rows[-1].append(f"{np.mean(eranks):.1f}" if eranks else "-")
     return header, rows
-
-
-def plot_accuracy(runs: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = varying_keys(runs)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in runs:
-        label = ", ".join(f"{k.split('.')[-1]}={r['config'].get(k)}" for k in keys) or r["dir"].name
-        ax.plot([m["round"] for m in r["metrics"]], [100 * m["client_mean_acc"] for m in r["metrics"]], label=label)
-    ax.set_xlabel("round")
-    ax.set_ylabel("client-mean accuracy (%)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def write_report(root: str | Path, target: float = 0.5) -> Path:

@@ -3,10 +3,13 @@
 Layout: ``config.yaml`` (resolved), ``partition.csv`` (clients x classes, train and test),
 ``metrics.jsonl`` (one line per evaluation, flushed as written), ``summary.json``, ``model.pt``,
 and ``tb/`` TensorBoard events when asked for. Whole files are written to a temp file and renamed.
+:func:`read_run` and :func:`read_partition` read a run directory back (``fedsim report`` /
+``fedsim plot``), finished or still running.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import time
@@ -70,10 +73,7 @@ class RunDir:
             self._tb.flush()
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        path = self.path / "metrics.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return read_metrics(self.path)
 
     def save_model(self, state_dict: dict[str, torch.Tensor]) -> None:
         tmp = self.path / ".model.pt.tmp"
@@ -86,3 +86,63 @@ class RunDir:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every line of ``metrics.jsonl`` so far (none before the first evaluation)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as ``{"model.norm": "ln", ...}`` (empty sections kept as leaves)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, path + "."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def read_run(path: str | Path) -> dict[str, Any]:
+    """A run directory read back: ``dir``, ``config`` (flattened), ``summary`` (None while running), ``metrics``."""
+    path = Path(path)
+    config_path, summary_path = path / "config.yaml", path / "summary.json"
+    config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
+    return {
+        "dir": path,
+        "config": flatten(config or {}),
+        "summary": json.loads(summary_path.read_text()) if summary_path.exists() else None,
+        "metrics": read_metrics(path),
+    }
+
+
+_IGNORED = ("name", "seed", "output.", "simulation.", "diagnostics.")
+
+
+def varying_keys(runs: list[dict[str, Any]]) -> list[str]:
+    """Flattened config keys whose value differs between runs.
+
+    Not ``name``, ``seed``, nor the ``output``, ``simulation`` and ``diagnostics`` sections: they
+    do not change what a run learns (seeds are what ``fedsim report`` averages over).
+    """
+    keys = sorted({k for r in runs for k in r["config"]})
+    return [
+        k for k in keys
+        if not k.startswith(_IGNORED) and len({json.dumps(r["config"].get(k)) for r in runs}) > 1
+    ]
+
+
+def read_partition(path: str | Path) -> tuple[list[str], dict[str, np.ndarray]]:
+    """``partition.csv`` read back: the class names and, per split, the clients x classes counts."""
+    with open(Path(path) / "partition.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    classes = rows[0][2:-1]
+    counts: dict[str, list[list[int]]] = {}
+    for split, _client, *cells in rows[1:]:
+        counts.setdefault(split, []).append([int(v) for v in cells[:-1]])
+    return classes, {split: np.array(c, dtype=np.int64) for split, c in counts.items()}

@@ -23,6 +23,7 @@ from fedsim.arrays import to_array_record
 from fedsim.client_app import build_model
 from fedsim.config import RunConfig, load_config, validate_options
 from fedsim.data.batches import to_float
+from fedsim.diagnostics import ProbeDiagnostics
 from fedsim.errors import FedsimError
 from fedsim.federation import Federation, load_federation
 from fedsim.reporting import RoundProgress, console, partition_table, summary_table
@@ -88,6 +89,7 @@ class RoundReporter:
     def __init__(self, cfg: RunConfig, fed: Federation, schedule: Schedule, out: RunDir) -> None:
         self.cfg, self.schedule, self.out = cfg, schedule, out
         self.global_eval = GlobalEvaluator(cfg, fed) if cfg.eval.global_test else None
+        self.diagnostics = ProbeDiagnostics.from_run(cfg, fed)  # None unless `diagnostics:` asks
         self.progress = RoundProgress(cfg.train.rounds, cfg.output.progress)
         self.t0 = time.perf_counter()
         self.round_ends: list[float] = []  # after aggregation, before evaluation: steady round cost
@@ -100,6 +102,8 @@ class RoundReporter:
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         if server_round == 0:
+            if self.diagnostics is not None:
+                self.diagnostics.at_init(arrays, self.cfg.seed)
             return None
         self.round_ends.append(self.schedule.train_ended)
         train = self.schedule.last_train
@@ -118,6 +122,8 @@ class RoundReporter:
         }
         if self.global_eval is not None:
             record.update(self.global_eval(arrays))
+        if self.diagnostics is not None:
+            record.update(self.diagnostics(arrays))
         record["client_acc"] = list(client_acc.values())
         record["rss_mb"] = resident_mb()
         self.out.append_metrics(record)

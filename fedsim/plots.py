@@ -1,0 +1,193 @@
+"""``fedsim plot RUN_DIR ...``: the figures a researcher would otherwise script by hand.
+
+One function per figure, each taking runs as :func:`fedsim.rundir.read_run` returns them, so
+``fedsim report`` and ``fedsim plot`` draw the same picture the same way:
+
+- :func:`plot_accuracy`: accuracy against rounds, several runs on one axis;
+- :func:`plot_label_distribution`: each client's training samples per class, from
+  ``partition.csv`` (LN-FL Fig. 8 style: a dot per (client, class), area ∝ count);
+- :func:`plot_feature_spectrum`: the singular values of the penultimate features and their
+  effective rank over rounds (LN-FL Fig. 3 style), from the ``diagnostics: {features: true}``
+  keys of ``metrics.jsonl``.
+
+Figures are built with matplotlib's object API (``Figure``, no ``pyplot``): no global backend
+switch and no figure registry to leak from a long-lived process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedsim.errors import FedsimError
+from fedsim.rundir import read_partition, read_run, varying_keys
+
+ACCURACY, LABELS, SPECTRUM = "accuracy.png", "label_distribution.png", "feature_spectrum.png"
+_DPI = 120
+
+
+def _figure(width: float, height: float) -> Any:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _integer_rounds(ax: Any) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+
+
+def _short_key(key: str) -> str:
+    parts = key.split(".")
+    return parts[-2] if parts[-1] == "name" and len(parts) > 1 else parts[-1]  # strategy.name -> strategy
+
+
+def run_labels(runs: list[dict[str, Any]]) -> list[str]:
+    """A legend label per run: the config values that differ between the runs, else the directory name."""
+    if len(runs) > 1:
+        keys = varying_keys(runs)
+        for extra in ([], ["seed"]):
+            labels = [", ".join(f"{_short_key(k)}={r['config'].get(k)}" for k in keys + extra) for r in runs]
+            if all(labels) and len(set(labels)) == len(labels):
+                return labels
+    return [r["dir"].name for r in runs]
+
+
+def _series(run: dict[str, Any], key: str) -> list[tuple[int, float]]:
+    """(round, 100 · value) for the metrics lines that have ``key``."""
+    return [(m["round"], 100 * m[key]) for m in run["metrics"] if m.get(key) is not None]
+
+
+def plot_accuracy(runs: list[dict[str, Any]], path: Path, with_global: bool = False) -> None:
+    """Client-mean accuracy (solid) and, ``with_global``, global-model accuracy (dashed) per round."""
+    fig = _figure(7, 4.5)
+    ax = fig.add_subplot()
+    for run, label in zip(runs, run_labels(runs), strict=True):
+        points = _series(run, "client_mean_acc")
+        if not points:
+            continue
+        (line,) = ax.plot(*zip(*points, strict=True), label=label)
+        glob = _series(run, "global_acc")
+        if with_global and glob:
+            ax.plot(*zip(*glob, strict=True), color=line.get_color(), linestyle="--", linewidth=1)
+    _integer_rounds(ax)
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title("client-mean accuracy" + (" (solid) and global-model accuracy (dashed)" if with_global else ""))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.savefig(path, dpi=_DPI)
+
+
+def plot_label_distribution(runs: list[dict[str, Any]], path: Path) -> int:
+    """Training samples per client and class, one panel per distinct partition; returns the panel count."""
+    panels: dict[bytes, tuple[list[str], np.ndarray, list[str]]] = {}
+    for run, label in zip(runs, run_labels(runs), strict=True):
+        if not (run["dir"] / "partition.csv").exists():
+            continue
+        classes, counts = read_partition(run["dir"])
+        train = counts["train"]
+        key = "\n".join(classes).encode() + train.tobytes()
+        panels.setdefault(key, (classes, train, []))[2].append(label)
+    if not panels:
+        return 0
+    cols = min(len(panels), 3)
+    rows = -(-len(panels) // cols)
+    fig = _figure(max(4.5, min(0.45 * max(len(p[1]) for p in panels.values()) + 2, 9)) * cols, 4.2 * rows)
+    for i, (classes, train, labels) in enumerate(panels.values()):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        num_clients, num_classes = train.shape
+        client, cls = np.nonzero(train)
+        # Dot area ∝ count, the largest cell about one grid cell wide whatever the client count.
+        biggest = min(900.0, 18000.0 / max(num_clients, num_classes))
+        ax.scatter(client, cls, s=biggest * train[client, cls] / train.max(), c=cls, cmap="tab10",
+                   vmin=0, vmax=max(9, num_classes - 1), alpha=0.8, edgecolors="none")
+        ax.set_xlim(-0.7, num_clients - 0.3)
+        ax.set_ylim(-0.7, num_classes - 0.3)
+        ax.set_yticks(range(num_classes), [c[:10] for c in classes], fontsize=7)
+        step = max(1, num_clients // 20)
+        ax.set_xticks(range(0, num_clients, step))
+        ax.set_xlabel("client")
+        ax.set_ylabel("class")
+        ax.grid(alpha=0.25)
+        title = "; ".join(labels[:2]) + (f" (+{len(labels) - 2})" if len(labels) > 2 else "")
+        ax.set_title(f"{title}\n{int(train.sum())} training samples, largest cell {int(train.max())}", fontsize=8)
+    fig.suptitle("training samples per client and class (dot area ∝ count)", fontsize=10)
+    fig.savefig(path, dpi=_DPI)
+    return len(panels)
+
+
+def _spectra(run: dict[str, Any]) -> list[dict[str, Any]]:
+    return [m for m in run["metrics"] if m.get("feature_sv")]
+
+
+def plot_feature_spectrum(runs: list[dict[str, Any]], path: Path) -> int:
+    """σ_k/σ_1 of the penultimate features (first and last evaluation) and effective rank per round.
+
+    Returns how many runs had the diagnostics (``diagnostics: {features: true}``); nothing is
+    written when none had.
+    """
+    found = [(r, label) for r, label in zip(runs, run_labels(runs), strict=True) if _spectra(r)]
+    if not found:
+        return 0
+    fig = _figure(11, 4.5)
+    spec, erank = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for run, label in found:
+        lines = _spectra(run)
+        first, last = lines[0], lines[-1]
+        sv = np.asarray(last["feature_sv"], dtype=float)
+        (line,) = spec.semilogy(np.arange(1, len(sv) + 1), sv / sv[0], label=f"{label} (round {last['round']})")
+        if first is not last:
+            sv0 = np.asarray(first["feature_sv"], dtype=float)
+            spec.semilogy(np.arange(1, len(sv0) + 1), sv0 / sv0[0], color=line.get_color(), linestyle=":",
+                          linewidth=1, label=f"round {first['round']}")
+        pts = [(m["round"], m["feature_erank"]) for m in lines if m.get("feature_erank") is not None]
+        erank.plot(*zip(*pts, strict=True), marker="o", markersize=3, color=line.get_color(), label=label)
+    spec.set_xlabel("index k")
+    spec.set_ylabel("σ_k / σ_1")
+    spec.set_title("singular values of the penultimate features (probe batch)", fontsize=9)
+    spec.grid(alpha=0.3, which="both")
+    spec.legend(fontsize=7, loc="best")
+    _integer_rounds(erank)
+    erank.set_ylabel("effective rank exp H(σ/Σσ)")
+    erank.set_title("effective rank (Roy & Vetterli 2007)", fontsize=9)
+    erank.grid(alpha=0.3)
+    erank.legend(fontsize=7, loc="best")
+    fig.savefig(path, dpi=_DPI)
+    return len(found)
+
+
+def find_runs(paths: list[str | Path]) -> list[Path]:
+    """Run directories: each path itself if it holds a run, else every run directory below it."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise FedsimError(f"not a directory: {p}")
+        if (p / "config.yaml").exists():
+            found.append(p)
+        else:
+            found += sorted(c.parent for c in p.rglob("config.yaml"))
+    if not found:
+        raise FedsimError(f"no run directories (config.yaml) in {', '.join(map(str, paths))}")
+    return list(dict.fromkeys(found))
+
+
+def write_plots(paths: list[str | Path], out: str | Path) -> tuple[list[Path], list[str]]:
+    """Write every figure the runs have data for into ``out``; returns (files written, notes on skipped ones)."""
+    runs = [read_run(p) for p in find_runs(paths)]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written, notes = [out / ACCURACY], []
+    plot_accuracy(runs, out / ACCURACY, with_global=True)
+    if plot_label_distribution(runs, out / LABELS):
+        written.append(out / LABELS)
+    else:
+        notes.append(f"{LABELS}: no partition.csv in these runs")
+    if plot_feature_spectrum(runs, out / SPECTRUM):
+        written.append(out / SPECTRUM)
+    else:
+        notes.append(f"{SPECTRUM}: no feature diagnostics in these runs (set diagnostics.features: true)")
+    return written, notes
