@@ -60,7 +60,12 @@ def _override(key: str, value: Any) -> str:
 def cell_name(overrides: dict[str, Any]) -> str:
     if not overrides:
         return "base"
-    parts = [f"{k.split('.')[-1]}={v}" for k, v in overrides.items()]
+    parts = []
+    for key, value in overrides.items():
+        if isinstance(value, dict):  # {name: fedprox, mu: 0.1} -> fedprox+mu=0.1
+            rest = [f"{k}={v}" for k, v in value.items() if k != "name"]
+            value = "+".join([str(value.get("name", ""))] + rest).strip("+")
+        parts.append(f"{key.split('.')[-1]}={value}")
     return ",".join(parts).replace("/", "_").replace(" ", "")
 
 
