@@ -18,10 +18,11 @@ from flwr.clientapp import ClientApp
 
 from fedsim import wire
 from fedsim.config import RunConfig, validate_options
-from fedsim.data.batches import BatchStream, to_float
+from fedsim.data.batches import BatchStream
 from fedsim.federation import Federation, load_federation
 from fedsim.models import FedsimModel, create_model
 from fedsim.norms import create_norm
+from fedsim.norms.ln_variants import seed_norm_noise
 from fedsim.strategies import STRATEGIES
 from fedsim.training import ClientHooks, RoundInfo, evaluate, train_local
 
@@ -64,10 +65,7 @@ class ClientRuntime:
         spec = STRATEGIES.get(cfg.strategy.name)
         self.hooks: ClientHooks = spec.client(validate_options(spec.Params, cfg.strategy.options, "strategy"))
         self._clients: dict[int, ClientData] = {}
-        self.normalize = None
-        if cfg.data.normalize:
-            x = ds.x_train.float().div_(255)
-            self.normalize = (x.mean((0, 2, 3)), x.std((0, 2, 3)))
+        self.prepare = self.fed.input_transform(cfg.data.normalize)
 
     def data(self, pid: int) -> ClientData:
         if pid not in self._clients:
@@ -82,23 +80,18 @@ class ClientRuntime:
             )
         return self._clients[pid]
 
-    def prepare(self, x: torch.Tensor) -> torch.Tensor:
-        x = to_float(x)
-        if self.normalize is not None:
-            mean, std = (v.to(x.device).view(1, -1, 1, 1) for v in self.normalize)
-            x = (x - mean) / std
-        return x
-
     def train(self, msg: Message, context: Context) -> Message:
         pid = int(context.node_config[wire.PARTITION_ID])
         config = msg.content.config_records[wire.CONFIG]
         server_round = int(config[wire.SERVER_ROUND])
         data, t = self.data(pid), self.cfg.train
         info = RoundInfo(server_round, pid, t.local_steps, t.local_epochs, t.lr, data.class_counts)
-        gen = torch.Generator(device=self.device).manual_seed(round_seed(self.cfg.seed, server_round, pid))
+        seed = round_seed(self.cfg.seed, server_round, pid)
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        seed_norm_noise(self.model, seed)  # ln_randomized's noise: per client and round, any process
         stream = BatchStream(
             data.x_train, data.y_train, t.batch_size, gen, augment=self.cfg.data.augment,
-            normalize=self.normalize, device=self.device,
+            normalize=self.prepare.stats, device=self.device,
         )
         hooks, state = self.hooks, context.state
         hooks.load_global(self.model, msg.content.array_records[wire.ARRAYS], state)

@@ -36,7 +36,6 @@ from torch import nn
 
 from fedsim.client_app import build_model
 from fedsim.config import DiagnosticsConfig, RunConfig
-from fedsim.data.batches import to_float
 from fedsim.federation import Federation
 from fedsim.models import FedsimModel
 from fedsim.training import load_arrays
@@ -167,10 +166,7 @@ class ProbeDiagnostics:
         ds = fed.dataset
         with torch.random.fork_rng(devices=[]):  # building must not move the server's RNG
             model = build_model(cfg, ds.num_classes, ds.in_shape)
-        x = to_float(ds.x_test[: d.probe_size])
-        if cfg.data.normalize:  # what the clients' batches see (ClientApp.prepare)
-            train = ds.x_train.float().div_(255)
-            x = (x - train.mean((0, 2, 3)).view(1, -1, 1, 1)) / train.std((0, 2, 3)).view(1, -1, 1, 1)
+        x = fed.input_transform(cfg.data.normalize)(ds.x_test[: d.probe_size])  # what the clients see
         return cls(d, model, x, ds.y_test[: d.probe_size])
 
     def at_init(self, arrays: ArrayRecord, seed: int = 0) -> None:

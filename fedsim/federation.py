@@ -8,13 +8,33 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
+import torch
 
 from fedsim.config import RunConfig, validate_options
 from fedsim.data import ArrayDataset, load_dataset
+from fedsim.data.batches import to_float
 from fedsim.partitions import PARTITIONERS, Partition, class_counts
+
+
+@dataclass(frozen=True)
+class InputTransform:
+    """uint8 images -> the float inputs every model sees: [0, 1], optionally standardised per channel.
+
+    One object for the clients' training and test batches, the server's global evaluation and the
+    diagnostics probe, so all of them see the same inputs.
+    """
+
+    stats: tuple[torch.Tensor, torch.Tensor] | None = None  # per-channel (mean, std) of the train set
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = to_float(x)
+        if self.stats is not None:
+            mean, std = (v.to(x.device).view(1, -1, 1, 1) for v in self.stats)
+            x = (x - mean) / std
+        return x
 
 
 @dataclass(frozen=True)
@@ -23,6 +43,24 @@ class Federation:
     partition: Partition
     train_counts: np.ndarray  # (num_clients, num_classes)
     test_counts: np.ndarray
+
+    @cached_property
+    def channel_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-channel mean and std of the training images in [0, 1], in chunks (no float copy of all)."""
+        x = self.dataset.x_train
+        total = torch.zeros(x.shape[1], dtype=torch.float64)
+        squares = torch.zeros_like(total)
+        for start in range(0, len(x), 4096):
+            chunk = x[start : start + 4096].double().div_(255)
+            total += chunk.sum((0, 2, 3))
+            squares += chunk.square().sum((0, 2, 3))
+        n = len(x) * x.shape[2] * x.shape[3]
+        mean = total / n
+        std = ((squares - n * mean.square()) / (n - 1)).sqrt()
+        return mean.float(), std.float()
+
+    def input_transform(self, normalize: bool) -> InputTransform:
+        return InputTransform(self.channel_stats if normalize else None)
 
 
 def load_federation(cfg: RunConfig) -> Federation:

@@ -22,7 +22,6 @@ from fedsim import wire
 from fedsim.arrays import to_array_record
 from fedsim.client_app import build_model
 from fedsim.config import RunConfig, load_config, validate_options
-from fedsim.data.batches import to_float
 from fedsim.diagnostics import ProbeDiagnostics
 from fedsim.errors import FedsimError
 from fedsim.federation import Federation, load_federation
@@ -71,10 +70,11 @@ class GlobalEvaluator:
         self.model = build_model(cfg, ds.num_classes, ds.in_shape)
         self.x, self.y, self.num_classes = ds.x_test, ds.y_test, ds.num_classes
         self.batch_size = cfg.eval.batch_size
+        self.prepare = fed.input_transform(cfg.data.normalize)  # the clients' inputs, exactly
 
     def __call__(self, arrays: ArrayRecord) -> dict[str, Any]:
         load_arrays(self.model, arrays)
-        loss, correct, totals = evaluate(self.model, self.x, self.y, self.batch_size, self.num_classes, to_float)
+        loss, correct, totals = evaluate(self.model, self.x, self.y, self.batch_size, self.num_classes, self.prepare)
         per_class = (correct.double() / totals.clamp(min=1).double()).tolist()
         return {
             "global_acc": float(correct.sum()) / len(self.y),

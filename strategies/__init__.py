@@ -39,4 +39,15 @@ class StrategySpec:
 
 STRATEGIES: Registry[type[StrategySpec]] = Registry("strategies")
 
-from fedsim.strategies import fedavg  # noqa: E402,F401  (registers the built-ins)
+# Registration happens on import (the built-ins, one module per algorithm)
+from fedsim.strategies import (  # noqa: E402,F401
+    fedavg,
+    fedbn,
+    feddecorr,
+    fedlc,
+    fedprox,
+    fedrs,
+    fedyogi,
+    scaffold,
+    server_opt,
+)

@@ -52,19 +52,24 @@ def test_run_directory_contents(tmp_path: Path) -> None:
     assert not list(run_dir.glob(".*.tmp"))  # atomic writes leave no temp files
 
 
-def test_global_model_file_reproduces_global_accuracy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("normalize", [False, True])
+def test_global_model_file_reproduces_global_accuracy(tmp_path: Path, normalize: bool) -> None:
     from fedsim.client_app import build_model
     from fedsim.data.batches import to_float
     from fedsim.federation import load_federation
 
-    cfg = parse_config(small_config(tmp_path))
+    cfg = parse_config(small_config(tmp_path, data={"normalize": normalize}))
     summary = run(cfg)
     fed = load_federation(cfg)
     model = build_model(cfg, 10, fed.dataset.in_shape)
     model.load_state_dict(torch.load(Path(summary["run_dir"]) / "model.pt"))
     model.eval()
+    x = to_float(fed.dataset.x_test)
+    if normalize:  # standardised with the training set's per-channel statistics, computed here
+        train = fed.dataset.x_train.double() / 255
+        x = ((x.double() - train.mean()) / train.std()).float()  # MNIST: one channel
     with torch.no_grad():
-        pred = model(to_float(fed.dataset.x_test)).argmax(1)
+        pred = model(x).argmax(1)
     assert float((pred == fed.dataset.y_test).float().mean()) == pytest.approx(summary["final_global_acc"])
 
 

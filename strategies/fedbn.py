@@ -1,0 +1,80 @@
+"""FedBN (Li et al., ICLR 2021): normalisation layers stay on the client; the rest is FedAvg.
+
+The client keeps the weights *and* running statistics of every normalisation module (asked of
+:func:`fedsim.norms.norm_modules`, never by class: with ``norm: bn`` these are the BN layers) in
+its own ``Context.state``, never sends them, and puts them back over whatever the server sends,
+for training and for evaluation alike. A client that has not trained yet starts from the
+server's copy. The server averages what it receives and keeps its own values for the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from fedsim import wire
+from fedsim.arrays import copy_into
+from fedsim.models import FedsimModel
+from fedsim.norms import norm_modules
+from fedsim.strategies import STRATEGIES, StrategyParams, StrategySpec
+from fedsim.strategies.fedavg import FedsimFedAvg
+from fedsim.training import ClientHooks, RoundInfo, dump_arrays, load_arrays
+
+
+def local_keys(model: FedsimModel) -> frozenset[str]:
+    """State-dict keys of every normalisation module: parameters and buffers."""
+    return frozenset(f"{name}.{key}" for name, module in norm_modules(model) for key in module.state_dict())
+
+
+class FedsimFedBN(FedsimFedAvg):
+    """FedAvg over the tensors clients send; the global model keeps its own value of the rest."""
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self.current = arrays
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is None:
+            return arrays, metrics
+        return ArrayRecord({k: arrays[k] if k in arrays else a for k, a in self.current.items()}), metrics
+
+
+class FedBNClient(ClientHooks):
+    """Loads the global model around its own normalisation tensors; sends everything else."""
+
+    def load_global(self, model: FedsimModel, arrays: ArrayRecord, state: RecordDict) -> None:
+        if wire.FEDBN_LOCAL not in state:
+            load_arrays(model, arrays)
+            return
+        load_arrays(model, arrays, skip=local_keys(model))
+        copy_into(model.state_dict(), state[wire.FEDBN_LOCAL])
+
+    def end_round(self, model: FedsimModel, state: RecordDict, info: RoundInfo, steps: int) -> RecordDict:
+        keys = local_keys(model)
+        state[wire.FEDBN_LOCAL] = dump_arrays(model, skip=frozenset(model.state_dict()) - keys)
+        return RecordDict()
+
+    def reply_arrays(self, model: FedsimModel, state: RecordDict) -> ArrayRecord:
+        return dump_arrays(model, skip=local_keys(model))
+
+
+@STRATEGIES.register("fedbn")
+class FedBNSpec(StrategySpec):
+    """FedBN: normalisation layers (weights + running stats) stay local, rest FedAvg (Li et al. 2021)."""
+
+    Params = StrategyParams
+
+    @classmethod
+    def server(cls, params: StrategyParams) -> FedsimFedBN:
+        return FedsimFedBN()
+
+    @classmethod
+    def client(cls, params: StrategyParams) -> ClientHooks:
+        return FedBNClient(params)

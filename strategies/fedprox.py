@@ -1,0 +1,58 @@
+"""FedProx (Li et al., MLSys 2020): FedAvg plus a proximal term on the client.
+
+Server: Flower's ``FedProx`` (FedAvg that sends μ as ``proximal-mu``). Client: loss +
+(μ/2)·Σ‖w − x‖² over the model's parameters, not its buffers (ALGORITHMS.md), with x the global
+parameters the round started from; its gradient adds μ(w − x).
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import RecordDict
+from flwr.serverapp.strategy import FedProx, Strategy
+from pydantic import Field
+
+from fedsim import wire
+from fedsim.models import FedsimModel
+from fedsim.server_strategy import FedsimServer
+from fedsim.strategies import STRATEGIES, StrategyParams, StrategySpec
+from fedsim.training import ClientHooks, RoundInfo
+
+
+class FedsimFedProx(FedsimServer, FedProx):
+    """Flower's FedProx with fedsim's sampling and reply order."""
+
+
+class FedProxClient(ClientHooks):
+    """Adds (μ/2)·Σ‖w − x‖² over parameters; μ comes from the server's config (Flower's key)."""
+
+    mu: float
+    x: list[torch.Tensor]
+
+    def begin_round(
+        self, model: FedsimModel, content: RecordDict, state: RecordDict, info: RoundInfo
+    ) -> None:
+        self.mu = float(content[wire.CONFIG][wire.PROXIMAL_MU])
+        self.x = [p.detach().clone() for p in model.parameters()]
+
+    def extra_loss(
+        self, model: FedsimModel, features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor
+    ) -> torch.Tensor | None:
+        squared = sum((w - x).pow(2).sum() for w, x in zip(model.parameters(), self.x, strict=True))
+        return 0.5 * self.mu * squared
+
+
+@STRATEGIES.register("fedprox")
+class FedProxSpec(StrategySpec):
+    """FedProx: FedAvg + client loss (mu/2)·||w - x||² over parameters (Li et al. 2020)."""
+
+    class Params(StrategyParams):
+        mu: float = Field(0.01, ge=0, description="proximal weight μ (LN-FL swept 0.001..1)")
+
+    @classmethod
+    def server(cls, params: Params) -> Strategy:
+        return FedsimFedProx(proximal_mu=params.mu)
+
+    @classmethod
+    def client(cls, params: Params) -> ClientHooks:
+        return FedProxClient(params)
