@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
 
 from fedsim import wire
 from fedsim.arrays import array_view, to_array_record
@@ -172,3 +173,7 @@ def state_slots(record: ArrayRecord) -> dict[str, dict[str, np.ndarray]]:
         slot, _, name = key.partition(wire.STATE_SEP)
         slots.setdefault(slot, {})[name] = array_view(array).copy()
     return slots
+
+
+class FedsimFedAvg(FedsimServer, FedAvg):
+    """Flower's FedAvg with fedsim's client sampling, evaluation schedule and reply ordering."""

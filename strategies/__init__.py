@@ -16,6 +16,7 @@ from flwr.serverapp.strategy import Strategy
 from pydantic import BaseModel, ConfigDict
 
 from fedsim.registry import Registry
+from fedsim.server_strategy import FedsimFedAvg
 from fedsim.training import ClientHooks
 
 
@@ -24,17 +25,22 @@ class StrategyParams(BaseModel):
 
 
 class StrategySpec:
-    """Base of every registered strategy. The class docstring's first line is its summary."""
+    """Base of every registered strategy. The class docstring's first line is its summary.
+
+    The defaults are FedAvg's halves: a strategy that only changes the client sets ``Client``;
+    one whose server takes options or differs overrides ``server``.
+    """
 
     Params: ClassVar[type[StrategyParams]] = StrategyParams
+    Client: ClassVar[type[ClientHooks]] = ClientHooks
 
     @classmethod
     def server(cls, params: Any) -> Strategy:
-        raise NotImplementedError
+        return FedsimFedAvg()
 
     @classmethod
     def client(cls, params: Any) -> ClientHooks:
-        return ClientHooks(params)
+        return cls.Client(params)
 
 
 STRATEGIES: Registry[type[StrategySpec]] = Registry("strategies")

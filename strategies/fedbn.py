@@ -69,12 +69,8 @@ class FedBNClient(ClientHooks):
 class FedBNSpec(StrategySpec):
     """FedBN: normalisation layers (weights + running stats) stay local, rest FedAvg (Li et al. 2021)."""
 
-    Params = StrategyParams
+    Client = FedBNClient
 
     @classmethod
     def server(cls, params: StrategyParams) -> FedsimFedBN:
         return FedsimFedBN()
-
-    @classmethod
-    def client(cls, params: StrategyParams) -> ClientHooks:
-        return FedBNClient(params)

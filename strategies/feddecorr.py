@@ -14,7 +14,6 @@ from pydantic import Field
 
 from fedsim.models import FedsimModel
 from fedsim.strategies import STRATEGIES, StrategyParams, StrategySpec
-from fedsim.strategies.fedavg import FedsimFedAvg
 from fedsim.training import ClientHooks
 
 EPS = 1e-8  # the authors' constant
@@ -46,13 +45,7 @@ class FedDecorrClient(ClientHooks):
 class FedDecorrSpec(StrategySpec):
     """FedDecorr: CE + beta·feature decorrelation loss on the classifier input (Shi et al. 2023)."""
 
+    Client = FedDecorrClient
+
     class Params(StrategyParams):
         beta: float = Field(0.1, ge=0, description="weight β of L_dc (authors' code: 0.1; LN-FL: 0.5)")
-
-    @classmethod
-    def server(cls, params: Params) -> FedsimFedAvg:
-        return FedsimFedAvg()
-
-    @classmethod
-    def client(cls, params: Params) -> ClientHooks:
-        return FedDecorrClient(params)

@@ -14,7 +14,6 @@ from pydantic import Field
 
 from fedsim.models import FedsimModel
 from fedsim.strategies import STRATEGIES, StrategyParams, StrategySpec
-from fedsim.strategies.fedavg import FedsimFedAvg
 from fedsim.training import ClientHooks, RoundInfo
 
 
@@ -43,13 +42,7 @@ class FedLCClient(ClientHooks):
 class FedLCSpec(StrategySpec):
     """FedLC: cross-entropy on logits - tau·n_c^(-1/4), absent classes at -inf (Zhang et al. 2022)."""
 
+    Client = FedLCClient
+
     class Params(StrategyParams):
         tau: float = Field(1.0, ge=0, description="calibration strength τ")
-
-    @classmethod
-    def server(cls, params: Params) -> FedsimFedAvg:
-        return FedsimFedAvg()
-
-    @classmethod
-    def client(cls, params: Params) -> ClientHooks:
-        return FedLCClient(params)

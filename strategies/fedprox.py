@@ -46,6 +46,8 @@ class FedProxClient(ClientHooks):
 class FedProxSpec(StrategySpec):
     """FedProx: FedAvg + client loss (mu/2)·||w - x||² over parameters (Li et al. 2020)."""
 
+    Client = FedProxClient
+
     class Params(StrategyParams):
         mu: float = Field(0.01, ge=0, description="proximal weight μ (LN-FL swept 0.001..1)")
 
@@ -53,6 +55,3 @@ class FedProxSpec(StrategySpec):
     def server(cls, params: Params) -> Strategy:
         return FedsimFedProx(proximal_mu=params.mu)
 
-    @classmethod
-    def client(cls, params: Params) -> ClientHooks:
-        return FedProxClient(params)

@@ -16,7 +16,6 @@ from pydantic import Field
 
 from fedsim.models import FedsimModel
 from fedsim.strategies import STRATEGIES, StrategyParams, StrategySpec
-from fedsim.strategies.fedavg import FedsimFedAvg
 from fedsim.training import ClientHooks, RoundInfo
 
 
@@ -54,14 +53,8 @@ class FedRSClient(ClientHooks):
 class FedRSSpec(StrategySpec):
     """FedRS: restricted softmax, logits of missing classes times alpha (Li & Zhan 2021)."""
 
+    Client = FedRSClient
+
     class Params(StrategyParams):
         alpha: float = Field(0.5, ge=0, le=1, description="scale α of missing classes' logits")
         mode: Literal["binary", "soft"] = Field("binary", description="binary (LN-FL) or soft (FedRS code)")
-
-    @classmethod
-    def server(cls, params: Params) -> FedsimFedAvg:
-        return FedsimFedAvg()
-
-    @classmethod
-    def client(cls, params: Params) -> ClientHooks:
-        return FedRSClient(params)

@@ -159,6 +159,8 @@ class ScaffoldClient(ClientHooks):
 class ScaffoldSpec(StrategySpec):
     """SCAFFOLD option II: control variates on parameters, c_i from zero (Karimireddy et al. 2020)."""
 
+    Client = ScaffoldClient
+
     class Params(StrategyParams):
         eta_g: float = Field(1.0, gt=0, description="server learning rate η_g")
         weighting: Literal["samples", "uniform"] = Field(
@@ -169,6 +171,3 @@ class ScaffoldSpec(StrategySpec):
     def server(cls, params: Params) -> Strategy:
         return FedsimScaffold(params.eta_g, params.weighting)
 
-    @classmethod
-    def client(cls, params: Params) -> ClientHooks:
-        return ScaffoldClient(params)
