@@ -30,7 +30,11 @@ def _header(dtype: str, shape: tuple[int, ...]) -> bytes:
 
 
 def tensor_to_array(t: torch.Tensor) -> Array:
-    a = t.detach().cpu().numpy()
+    return ndarray_to_array(t.detach().cpu().numpy())
+
+
+def ndarray_to_array(a: np.ndarray) -> Array:
+    """The Array ``Array(a)`` would make (``np.save``'s bytes), with one copy of the data."""
     if not a.flags.c_contiguous:  # channels_last conv weights: .npy holds C order
         a = a.copy(order="C")
     shape = tuple(int(s) for s in a.shape)

@@ -19,7 +19,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fedsim import wire
+from fedsim import aggregation, wire
 from fedsim.arrays import to_array_record
 from fedsim.checkpoint import Checkpoint, Checkpointer, ResumedStrategy, set_rng_state
 from fedsim.client_app import build_model
@@ -158,6 +158,7 @@ def run_server(grid: Grid, cfg: RunConfig, resume: bool = False) -> dict[str, An
     # The server's own evaluation sums in an order that depends on torch's thread count: fix it, so
     # the numbers do not depend on what ran before in this process (a test session, a sweep)
     torch.set_num_threads(cfg.simulation.threads)
+    aggregation.install()  # Flower's FedAvg averaging, byte for byte, without decoding every reply twice
     fed = load_federation(cfg)
     out = RunDir(cfg.output.run_dir or default_run_dir(cfg), cfg.output.tensorboard)
     resumed = Checkpoint.load(out.path, cfg) if resume else None

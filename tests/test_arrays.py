@@ -1,0 +1,100 @@
+"""fedsim's ArrayRecord codec and aggregation against Flower's own: the same bytes, bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg, fedavg
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords as flower_aggregate
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedsim.aggregation import BLOCK, aggregate_arrayrecords, install
+from fedsim.arrays import array_view, copy_into, ndarray_to_array, tensor_to_array
+
+ARRAYS = {
+    "conv": np.random.default_rng(0).standard_normal((8, 3, 5, 5)).astype(np.float32),
+    "fc": np.random.default_rng(1).standard_normal((384, 160)).astype(np.float32),
+    "large": np.random.default_rng(3).standard_normal((300, 700)).astype(np.float32),  # several blocks
+    "double": np.random.default_rng(2).standard_normal(7),
+    "scalar": np.array(0.37, dtype=np.float32),  # a 0-d buffer (ln_goldschmidt's running_var)
+    "count": np.arange(3, dtype=np.int64),  # an integer buffer (BN's num_batches_tracked)
+}
+
+
+def flower_bytes(a: np.ndarray) -> bytes:
+    return Array(np.asarray(a, order="C")).data  # np.save writes C order
+
+
+@pytest.mark.parametrize("name", list(ARRAYS))
+def test_codec_writes_flowers_bytes_and_reads_them_back(name: str) -> None:
+    a = ARRAYS[name]
+    ours = ndarray_to_array(a)
+    assert ours.data == flower_bytes(a)
+    assert (ours.dtype, ours.shape, ours.stype) == (str(a.dtype), a.shape, "numpy.ndarray")
+    assert np.array_equal(array_view(ours), a) and array_view(ours).dtype == a.dtype
+    assert np.array_equal(array_view(Array(a)), a)  # Flower's own Arrays read the same way
+
+
+def test_channels_last_tensor_is_written_in_c_order_and_copied_back_in_place() -> None:
+    t = torch.randn(16, 8, 5, 5).to(memory_format=torch.channels_last)
+    assert not t.numpy().flags.c_contiguous
+    array = tensor_to_array(t)
+    assert array.data == flower_bytes(t.numpy())
+    target = {"w": torch.zeros(16, 8, 5, 5).to(memory_format=torch.channels_last)}
+    copy_into(target, ArrayRecord({"w": array}))
+    assert torch.equal(target["w"], t)
+
+
+def replies(weights: list[int | float], seed: int) -> list[RecordDict]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for w in weights:
+        arrays = {
+            k: (rng.standard_normal(a.shape) * 3).astype(a.dtype) if a.dtype.kind == "f" else a + rng.integers(9)
+            for k, a in ARRAYS.items()
+        }
+        out.append(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord({k: ndarray_to_array(a) for k, a in arrays.items()}),
+                    "metrics": MetricRecord({"num-examples": w}),
+                }
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("weights", [[320, 320, 320], [5000, 17, 9999, 1, 250], [0.3, 1.7], [7]])
+def test_aggregation_is_byte_identical_to_flowers(weights: list[int | float]) -> None:
+    assert ARRAYS["large"].size > 3 * BLOCK > ARRAYS["fc"].size  # summed in blocks, and in one
+    records = replies(weights, seed=len(weights))
+    ours, theirs = aggregate_arrayrecords(records, "num-examples"), flower_aggregate(records, "num-examples")
+    assert list(ours) == list(theirs)
+    for key in theirs:
+        assert ours[key].data == theirs[key].data, key
+        assert (ours[key].dtype, ours[key].shape) == (theirs[key].dtype, theirs[key].shape)
+    # and it is a weighted mean, not merely Flower's bytes (the float32 arrays, to float32 precision)
+    total = sum(weights)
+    fc = [array_view(r["arrays"]["fc"]).astype(np.float64) for r in records]
+    expected = sum(a * (w / total) for a, w in zip(fc, weights, strict=True))
+    np.testing.assert_allclose(array_view(ours["fc"]), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_install_makes_flowers_fedavg_aggregate_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fedavg, "aggregate_arrayrecords", flower_aggregate)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # as a Grid sets them
+    records = replies([100, 300], seed=7)
+    messages = []
+    for i, content in enumerate(records):
+        request = Message(RecordDict(), dst_node_id=i + 1, message_type="train")
+        messages.append(Message(content, reply_to=request))
+    flower_arrays, _ = FedAvg().aggregate_train(1, messages)
+    calls = []
+    install()
+    assert fedavg.aggregate_arrayrecords is aggregate_arrayrecords
+    monkeypatch.setattr(fedavg, "aggregate_arrayrecords", lambda *a: calls.append(1) or aggregate_arrayrecords(*a))
+    ours, _ = FedAvg().aggregate_train(1, messages)
+    assert calls == [1]
+    assert {k: a.data for k, a in ours.items()} == {k: a.data for k, a in flower_arrays.items()}
