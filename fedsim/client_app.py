@@ -1,19 +1,23 @@
 """fedsim's Flower ClientApp: train and evaluate handlers over the one training loop.
 
 Each process keeps, per run config, one :class:`ClientRuntime`: the decoded dataset, the split,
-one model object and one optimiser. A client's data slice is cut once and kept; each message only
-loads new weights into the shared model. Client state that crosses rounds lives in the node's
-``Context.state``, so it follows the node whichever process serves it.
+one model object and one optimiser (one per client of a group with ``simulation.vmap_clients``). A
+client's data slice is cut once and kept; each message only loads new weights into the model.
+Client state that crosses rounds lives in the node's ``Context.state``, so it follows the node
+whichever process serves it.
 """
 
 from __future__ import annotations
 
+import copy
+import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 import torch
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedsim import wire
@@ -25,7 +29,10 @@ from fedsim.models import FedsimModel, create_model
 from fedsim.norms import create_norm
 from fedsim.norms.ln_variants import seed_norm_noise
 from fedsim.strategies import STRATEGIES
-from fedsim.training import ClientHooks, RoundInfo, evaluate, train_local
+from fedsim.training import ClientHooks, Lane, RoundInfo, TrainResult, evaluate, train_local
+from fedsim.vectorized import StackedForward
+
+CLIENT_APP_RAISED_EXCEPTION = 1  # Flower's ErrorCode of that name
 
 
 def build_model(cfg: RunConfig, num_classes: int, in_shape: tuple[int, int, int]) -> FedsimModel:
@@ -48,7 +55,11 @@ class ClientData:
 
 
 class ClientRuntime:
-    """Everything a worker process keeps across rounds for one run config."""
+    """Everything a worker process keeps across rounds for one run config.
+
+    Slot 0 is the model, hooks and optimiser every message uses; training several clients at once
+    (``simulation.vmap_clients``) gives client k of a group slot k, a model and hooks of its own.
+    """
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -59,12 +70,11 @@ class ClientRuntime:
         self.model = build_model(cfg, ds.num_classes, ds.in_shape).to(self.device)
         if self.device.type == "cpu" and len(ds.in_shape) == 3:
             self.model = self.model.to(memory_format=torch.channels_last)
-        t = cfg.train
-        self.optimizer = torch.optim.SGD(
-            self.model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay
-        )
-        spec = STRATEGIES.get(cfg.strategy.name)
-        self.hooks: ClientHooks = spec.client(validate_options(spec.Params, cfg.strategy.options, "strategy"))
+        self.spec = STRATEGIES.get(cfg.strategy.name)
+        self.strategy_params = validate_options(self.spec.Params, cfg.strategy.options, "strategy")
+        self.hooks: ClientHooks = self.spec.client(self.strategy_params)
+        self._slots: list[tuple[FedsimModel, ClientHooks]] = [(self.model, self.hooks)]
+        self._optimizers: dict[int, torch.optim.Optimizer] = {}
         self._clients: dict[int, ClientData] = {}
         self.prepare = self.fed.input_transform(cfg.data.normalize)
 
@@ -81,27 +91,76 @@ class ClientRuntime:
             )
         return self._clients[pid]
 
+    def _slot(self, k: int) -> tuple[FedsimModel, ClientHooks]:
+        while len(self._slots) <= k:  # the same architecture; every round loads its weights anew
+            self._slots.append((copy.deepcopy(self.model), self.spec.client(self.strategy_params)))
+        return self._slots[k]
+
+    def _optimizer(self, lanes: int) -> torch.optim.Optimizer:
+        """One SGD over the first ``lanes`` slots' parameters (its state is cleared every round)."""
+        if lanes not in self._optimizers:
+            t = self.cfg.train
+            params = [p for k in range(lanes) for p in self._slot(k)[0].parameters()]
+            self._optimizers[lanes] = torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+        return self._optimizers[lanes]
+
     def train(self, msg: Message, context: Context) -> Message:
+        lane = self._lane(0, msg, context)
+        (result,) = train_local([lane], self._optimizer(1))
+        return self._reply(lane, msg, context, result)
+
+    def train_together(self, jobs: Sequence[tuple[Message, Context]]) -> list[Message]:
+        """Train several nodes' messages of one round at once, one vmapped forward per step.
+
+        A client whose own set-up or reply raises gets an error reply and the others go on; an error
+        in the shared steps is every client's.
+        """
+        replies: dict[int, Message] = {}
+        lanes: dict[int, Lane] = {}
+        for i, (msg, context) in enumerate(jobs):
+            try:
+                lanes[i] = self._lane(len(lanes), msg, context)
+            except Exception as err:  # the server's failure policy decides, per client
+                replies[i] = error_reply(msg, err)
+        if lanes:
+            models = [lane.model for lane in lanes.values()]
+            forward = StackedForward(models) if len(models) > 1 else None
+            results = train_local(list(lanes.values()), self._optimizer(len(lanes)), forward)
+            for (i, lane), result in zip(lanes.items(), results, strict=True):
+                msg, context = jobs[i]
+                try:
+                    replies[i] = self._reply(lane, msg, context, result)
+                except Exception as err:
+                    replies[i] = error_reply(msg, err)
+        return [replies[i] for i in range(len(jobs))]
+
+    def _lane(self, k: int, msg: Message, context: Context) -> Lane:
+        """Slot ``k`` set up for the client ``context`` holds: its weights, batches and hooks."""
         pid = int(context.node_config[wire.PARTITION_ID])
-        config = msg.content.config_records[wire.CONFIG]
-        server_round = int(config[wire.SERVER_ROUND])
+        server_round = int(msg.content.config_records[wire.CONFIG][wire.SERVER_ROUND])
+        model, hooks = self._slot(k)
         data, t = self.data(pid), self.cfg.train
         info = RoundInfo(server_round, pid, t.local_steps, t.local_epochs, t.lr, data.class_counts)
         seed = round_seed(self.cfg.seed, server_round, pid)
         gen = torch.Generator(device=self.device).manual_seed(seed)
-        seed_norm_noise(self.model, seed)  # ln_randomized's noise: per client and round, any process
+        seed_norm_noise(model, seed)  # ln_randomized's noise: per client and round, any process
         stream = BatchStream(
             data.x_train, data.y_train, t.batch_size, gen, augment=self.cfg.data.augment,
             normalize=self.prepare.stats, device=self.device,
         )
-        hooks, state = self.hooks, context.state
-        hooks.load_global(self.model, msg.content.array_records[wire.ARRAYS], state)
-        hooks.begin_round(self.model, msg.content, state, info)
-        result = train_local(self.model, stream, self.optimizer, hooks, info)
-        reply = hooks.end_round(self.model, state, info, result.steps)
-        reply[wire.ARRAYS] = hooks.reply_arrays(self.model, state)
+        hooks.load_global(model, msg.content.array_records[wire.ARRAYS], context.state)
+        hooks.begin_round(model, msg.content, context.state, info)
+        return Lane(model, hooks, stream, info)
+
+    def _reply(self, lane: Lane, msg: Message, context: Context, result: TrainResult) -> Message:
+        reply = lane.hooks.end_round(lane.model, context.state, lane.info, result.steps)
+        reply[wire.ARRAYS] = lane.hooks.reply_arrays(lane.model, context.state)
         reply[wire.METRICS] = MetricRecord(
-            {wire.NUM_EXAMPLES: len(data.y_train), wire.TRAIN_LOSS: result.mean_loss, wire.PARTITION_ID: pid}
+            {
+                wire.NUM_EXAMPLES: lane.stream.num_samples,
+                wire.TRAIN_LOSS: result.mean_loss,
+                wire.PARTITION_ID: lane.info.partition_id,
+            }
         )
         return Message(reply, reply_to=msg)
 
@@ -132,6 +191,34 @@ def _runtime(config_json: str) -> ClientRuntime:
 def runtime_for(msg: Message) -> ClientRuntime:
     """The process's runtime for the run config the message carries (built on first use)."""
     return _runtime(str(msg.content.config_records[wire.CONFIG][wire.RUN_CONFIG]))
+
+
+def error_reply(message: Message, err: Exception) -> Message:
+    """The reply to a message whose handling raised, as Flower's runtime makes it."""
+    reason = f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"
+    return Message(Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
+
+
+def train_groups(jobs: Sequence[tuple[Message, Context]]) -> list[list[int]]:
+    """Which of ``jobs`` train together: up to ``simulation.vmap_clients`` train messages of one run at a
+    time, in order, as lists of two or more indices. Every other job goes alone through the ClientApp,
+    a client without training data too (it takes no step, and clients training together take equal
+    step counts)."""
+    runs: dict[int, tuple[int, list[int]]] = {}
+    for i, (msg, context) in enumerate(jobs):
+        if msg.metadata.message_type != MessageType.TRAIN:
+            continue
+        runtime = runtime_for(msg)
+        width = runtime.cfg.simulation.vmap_clients
+        if width > 1 and len(runtime.data(int(context.node_config[wire.PARTITION_ID])).y_train):
+            runs.setdefault(id(runtime), (width, []))[1].append(i)
+    groups = [ids[k : k + width] for width, ids in runs.values() for k in range(0, len(ids), width)]
+    return [g for g in groups if len(g) > 1]
+
+
+def train_together(jobs: Sequence[tuple[Message, Context]]) -> list[Message]:
+    """One group of :func:`train_groups`, trained at once (Flower's ClientApp takes one message)."""
+    return runtime_for(jobs[0][0]).train_together(jobs)
 
 
 app = ClientApp()

@@ -114,6 +114,13 @@ class SimulationConfig(_Strict):
     )
     device: Literal["cpu", "cuda"] = "cpu"
     threads: int = Field(1, ge=1, description="torch intra-op threads per client process")
+    vmap_clients: int = Field(
+        1,
+        ge=1,
+        description="engine local: train up to this many of a worker's clients of a round at once "
+        "(torch.func.vmap over their stacked parameters; train.local_steps, norms without running "
+        "statistics); 1 = one client at a time",
+    )
 
 
 class OutputConfig(_Strict):
@@ -209,6 +216,23 @@ class RunConfig(_Strict):
     diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     deploy: DeployConfig = Field(default_factory=DeployConfig)
 
+    @model_validator(mode="after")
+    def _vmap_clients(self) -> RunConfig:
+        if self.simulation.vmap_clients == 1:
+            return self
+        if self.engine != "local":
+            raise ValueError(
+                f"simulation.vmap_clients = {self.simulation.vmap_clients} needs engine: local (engine "
+                f"{self.engine!r} hands a ClientApp one client at a time); or set simulation.vmap_clients: 1"
+            )
+        if self.train.local_epochs is not None:
+            raise ValueError(
+                f"simulation.vmap_clients = {self.simulation.vmap_clients} needs train.local_steps: clients "
+                "training together take equal step counts, and train.local_epochs gives each client its own; "
+                "unset train.local_epochs or set simulation.vmap_clients: 1"
+            )
+        return self
+
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True)
 
@@ -224,6 +248,9 @@ def _format_validation_error(err: ValidationError, prefix: str = "") -> str:
         value = e.get("input")
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
         msg = e["msg"]
+        if e["type"] == "value_error":  # fedsim's own validators: the message names its fields
+            lines.append(str(e["ctx"]["error"]))
+            continue
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
             if isinstance(e.get("ctx"), dict) and "expected" in e["ctx"]:

@@ -1,11 +1,13 @@
 """The one local training loop, and the hooks through which strategies change it.
 
-Every strategy, normaliser and engine trains through :func:`train_local`. An algorithm's client
-half is a :class:`ClientHooks` subclass overriding only what differs from FedAvg.
+Every strategy, normaliser and engine trains through :func:`train_local`, one client at a time or
+several at once (``simulation.vmap_clients``). An algorithm's client half is a :class:`ClientHooks`
+subclass overriding only what differs from FedAvg.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -86,34 +88,75 @@ class TrainResult:
     mean_loss: float
 
 
+@dataclass(frozen=True)
+class Lane:
+    """One client's local work in a round: its model, its strategy hooks, its batches."""
+
+    model: FedsimModel
+    hooks: ClientHooks
+    stream: BatchStream
+    info: RoundInfo
+
+    def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        info = self.info
+        return self.stream.epochs(info.local_epochs) if info.local_epochs else self.stream.batches(info.local_steps)
+
+
+# The lanes' inputs of one step -> each lane's (features, logits), indexable by lane
+Forward = Callable[[list[torch.Tensor]], tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]]
+
+
+def client_loss(lane: Lane, features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A client's training loss on one batch: cross-entropy of the hooks' logits plus the hooks' extra term."""
+    logits = lane.hooks.adjust_logits(logits, lane.info)
+    loss = F.cross_entropy(logits, y)
+    extra = lane.hooks.extra_loss(lane.model, features, logits, y)
+    return loss if extra is None else loss + extra
+
+
+def own_forward(model: FedsimModel) -> Forward:
+    """One lane through its model's own forward."""
+
+    def forward(xs: list[torch.Tensor]) -> tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]:
+        features = model.forward_features(xs[0])
+        return (features,), (model.forward_head(features),)
+
+    return forward
+
+
 def train_local(
-    model: FedsimModel,
-    stream: BatchStream,
-    optimizer: torch.optim.Optimizer,
-    hooks: ClientHooks,
-    info: RoundInfo,
-) -> TrainResult:
-    """Run the round's local work: K mini-batch steps (or whole epochs) of SGD with the hooks."""
-    model.train()
+    lanes: Sequence[Lane], optimizer: torch.optim.Optimizer, forward: Forward | None = None
+) -> list[TrainResult]:
+    """Run the round's local work of every lane: K mini-batch steps (or whole epochs) of SGD with the hooks.
+
+    One lane is one client on its model's own forward. Several lanes train together when ``forward``
+    computes all of them at once (fedsim.vectorized: vmap over their stacked parameters): their
+    losses are summed and share no parameter, so every lane's gradient, hooks and SGD update are its
+    own; ``optimizer`` holds every lane's parameters. Lanes training together take equal step counts.
+    """
+    if forward is None:
+        (only,) = lanes
+        forward = own_forward(only.model)
+    for lane in lanes:
+        lane.model.train()
     optimizer.state.clear()  # momentum must not leak from the previous round or another client
-    batches = stream.epochs(info.local_epochs) if info.local_epochs else stream.batches(info.local_steps)
-    total, steps = torch.zeros(()), 0
-    for x, y in batches:
-        features = model.forward_features(x)
-        logits = hooks.adjust_logits(model.forward_head(features), info)
-        loss = F.cross_entropy(logits, y)
-        extra = hooks.extra_loss(model, features, logits, y)
-        if extra is not None:
-            loss = loss + extra
+    totals, steps = torch.zeros(len(lanes)), 0
+    for batch in zip(*(lane.batches() for lane in lanes), strict=True):
+        features, logits = forward([x for x, _ in batch])
+        ys = [y for _, y in batch]
+        losses = torch.stack([client_loss(lane, features[i], logits[i], ys[i]) for i, lane in enumerate(lanes)])
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        hooks.correct_gradients(model)
+        losses.sum().backward()
+        for lane in lanes:
+            lane.hooks.correct_gradients(lane.model)
         optimizer.step()
-        total += loss.detach()
+        totals += losses.detach()
         steps += 1
     # a NaN / inf loss is reported, not raised: the server stops the run whatever its failure policy
-    mean_loss = float(total) / max(steps, 1)
-    return TrainResult(num_examples=steps * stream.batch_size, steps=steps, mean_loss=mean_loss)
+    return [
+        TrainResult(num_examples=steps * lane.stream.batch_size, steps=steps, mean_loss=float(total) / max(steps, 1))
+        for lane, total in zip(lanes, totals, strict=True)
+    ]
 
 
 @torch.no_grad()

@@ -22,7 +22,7 @@ from typing import Any
 from fedsim.config import RunConfig
 from fedsim.deploy.keys import make_node_keys, make_tls
 from fedsim.deploy.topology import CONNECTION, TlsFiles, Topology, local_topology, write_app
-from fedsim.errors import FedsimError
+from fedsim.errors import ConfigError, FedsimError
 from fedsim.reporting import RoundProgress, console, partition_table, summary_table
 from fedsim.rundir import ERROR, PROGRESS
 
@@ -296,6 +296,11 @@ def deploy(cfg: RunConfig, wrap: Wrap | None = None) -> dict[str, Any]:
     from fedsim.federation import load_federation
     from fedsim.runner import prepare
 
+    if cfg.simulation.vmap_clients > 1:
+        raise ConfigError(
+            f"simulation.vmap_clients = {cfg.simulation.vmap_clients}: under fedsim deploy each SuperNode trains "
+            "its one client; set simulation.vmap_clients: 1"
+        )
     cfg = prepare(cfg)  # validates data and split before any process starts
     cfg.output.run_dir = str(Path(cfg.output.run_dir or "").resolve())
     show = cfg.output.progress

@@ -5,25 +5,26 @@ steps of up to 0.25 s and the engine in steps of 0.1 s: 0.8 to 1.8 s per round o
 over a 10,000-round experiment. This grid hands each Message straight to the ClientApp, in this
 process (``inline``) or on a pool of Ray actors that each serve a fixed set of nodes and keep their
 data and model (``ray``). The ServerApp, its strategy and the ClientApp are Flower's objects,
-unchanged: they cannot tell this grid from Flower's.
+unchanged: they cannot tell this grid from Flower's. With ``simulation.vmap_clients`` the train
+Messages a worker receives go to fedsim's ClientRuntime in groups (fedsim.vectorized), since a
+Flower ClientApp takes one Message at a time; their replies are the ones the ClientApp would send.
 """
 
 from __future__ import annotations
 
 import itertools
-import traceback
 from collections.abc import Iterable, Sequence
 
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedsim import wire
+from fedsim.client_app import error_reply, train_groups, train_together
 
 SERVER_NODE_ID = 0
-CLIENT_ERROR = 1  # Flower's ErrorCode.CLIENT_APP_RAISED_EXCEPTION
 
 
 def node_id_of(partition_id: int) -> int:
@@ -46,8 +47,20 @@ def handle(app: ClientApp, message: Message, context: Context) -> Message:
     try:
         return app(message, context)
     except Exception as err:  # the server's failure policy decides, as for a real SuperNode
-        reason = f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"
-        return Message(Error(code=CLIENT_ERROR, reason=reason), reply_to=message)
+        return error_reply(message, err)
+
+
+def deliver(app: ClientApp, messages: Sequence[Message], contexts: dict[int, Context]) -> list[Message]:
+    """Every message's reply, in order: groups of train messages through fedsim's ClientRuntime at once
+    (``simulation.vmap_clients``), every other message through the ClientApp alone."""
+    jobs = [(m, contexts[m.metadata.dst_node_id]) for m in messages]
+    replies: dict[int, Message] = {}
+    for group in train_groups(jobs):
+        try:
+            replies.update(zip(group, train_together([jobs[i] for i in group]), strict=True))
+        except Exception as err:  # every client of the group failed with it
+            replies.update((i, error_reply(jobs[i][0], err)) for i in group)
+    return [replies[i] if i in replies else handle(app, *jobs[i]) for i in range(len(jobs))]
 
 
 class InlineExecutor:
@@ -63,7 +76,7 @@ class InlineExecutor:
         return list(self.contexts)
 
     def execute(self, messages: Sequence[Message]) -> list[Message]:
-        return [handle(self.app, m, self.contexts[m.metadata.dst_node_id]) for m in messages]
+        return deliver(self.app, messages, self.contexts)
 
     def shutdown(self) -> None:
         pass

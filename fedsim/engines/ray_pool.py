@@ -13,7 +13,7 @@ import ray
 from flwr.app import Message
 
 from fedsim.config import SimulationConfig
-from fedsim.engines.local import handle, node_context, node_id_of
+from fedsim.engines.local import deliver, node_context, node_id_of
 from fedsim.engines.ray_cluster import init_ray
 from fedsim.errors import ConfigError
 
@@ -26,7 +26,7 @@ class _Worker:
         self.contexts = {node_id_of(p): node_context(run_id, p, num_partitions) for p in partitions}
 
     def execute(self, messages: list[Message]) -> list[Message]:
-        return [handle(self.app, m, self.contexts[m.metadata.dst_node_id]) for m in messages]
+        return deliver(self.app, messages, self.contexts)
 
 
 def _fits(have: float, need: float) -> int:
