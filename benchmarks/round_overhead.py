@@ -1,7 +1,7 @@
 """Round overhead and speed against the compute floor, for every engine, in one process and one run.
 
     python benchmarks/round_overhead.py            # everything below
-    python benchmarks/round_overhead.py --quick    # fewer rounds; no 100-client Flower runtime
+    python benchmarks/round_overhead.py --quick    # fewer rounds; no 50/100-client Flower runtime
     python benchmarks/round_overhead.py --memory   # RSS at rounds 100 and 1,000 (inline, 0 steps)
 
 Per-round cost is the run's steady round time (``steady_s_per_round`` in summary.json): the mean
@@ -22,9 +22,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from flwr.app import MetricRecord, RecordDict
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords as flower_aggregate
 from rich.console import Console
 from rich.table import Table
 
+from fedsim.aggregation import aggregate_arrayrecords
+from fedsim.arrays import to_array_record
 from fedsim.client_app import build_model, round_seed
 from fedsim.config import RunConfig, parse_config
 from fedsim.data.batches import BatchStream
@@ -35,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 CIFAR = REPO.parent / "shared" / "datasets" / "cifar10_jpg_q75.tar.gz"
 
 
-def base_config(clients: int, steps: int, backend: str, engine: str, out: Path) -> RunConfig:
+def base_config(clients: int, steps: int, backend: str, engine: str, out: Path, vmap_clients: int = 1) -> RunConfig:
     data = (
         {"dataset": "imagefolder", "root": str(CIFAR), "augment": True}
         if CIFAR.exists()
@@ -51,7 +55,9 @@ def base_config(clients: int, steps: int, backend: str, engine: str, out: Path) 
             "model": {"name": "cnn", "norm": "none"},
             "train": {"num_clients": clients, "local_steps": steps, "batch_size": 32, "lr": 0.01, "rounds": 1},
             "eval": {"every": 100000, "global_test": False},
-            "simulation": {"backend": backend, "threads": 1, "client_resources": {"num_cpus": 1}},
+            "simulation": {
+                "backend": backend, "threads": 1, "client_resources": {"num_cpus": 1}, "vmap_clients": vmap_clients,
+            },
             "output": {"dir": str(out), "progress": False, "save_model": False},
         }
     )
@@ -84,15 +90,17 @@ def compute_floor(cfg: RunConfig, rounds: int) -> float:
     return (time.perf_counter() - t0) / rounds
 
 
-def label(engine: str, backend: str) -> str:
-    return "flower (Ray runtime)" if engine == "flower" else f"local ({backend})"
+def label(engine: str, backend: str, vmap_clients: int = 1) -> str:
+    if engine == "flower":
+        return "flower (Ray runtime)"
+    return f"local ({backend}, vmap {vmap_clients})" if vmap_clients > 1 else f"local ({backend})"
 
 
 def overhead_table(console: Console, out: Path, quick: bool) -> None:
     table = Table(title="per-round overhead at 0 local steps (paper CNN, CIFAR-10 shapes)")
     for col in ("engine", "clients", "ms / round", "ms / client"):
         table.add_column(col)
-    rounds = 6 if quick else 30
+    rounds = 20 if quick else 60  # steady rounds of the local engines (Flower's runtime: 6, it is slow)
     for engine, backend in ENGINES:
         for clients in (10, 50, 100):
             if engine == "flower" and clients > 10 and quick:
@@ -111,14 +119,41 @@ def paper_table(console: Console, out: Path, quick: bool) -> None:
     floor_cfg = base_config(10, 10, "inline", "local", out)
     floor = compute_floor(floor_cfg, 3 if quick else 5)
     paper.add_row("compute floor (bare loop, 1 process)", f"{floor:.3f}", f"{1 / floor:.3f}", "1.00")
-    for engine, backend in ENGINES:
-        s = per_round(base_config(10, 10, backend, engine, out), 3 if quick else 6)
-        paper.add_row(label(engine, backend), f"{s:.3f}", f"{1 / s:.3f}", f"{s / floor:.2f}")
-        console.print(f"  {label(engine, backend):22s}: {s:.3f} s/round, {s / floor:.2f}x floor")
+    for engine, backend, vmap_clients in [*((e, b, 1) for e, b in ENGINES), ("local", "inline", 10)]:
+        s = per_round(base_config(10, 10, backend, engine, out, vmap_clients), 3 if quick else 6)
+        name = label(engine, backend, vmap_clients)
+        paper.add_row(name, f"{s:.3f}", f"{1 / s:.3f}", f"{s / floor:.2f}")
+        console.print(f"  {name:28s}: {s:.3f} s/round, {s / floor:.2f}x floor")
     # the floor again, last: the machine drifts, and the ratios must not flatter
     floor2 = compute_floor(floor_cfg, 3 if quick else 5)
     paper.add_row("compute floor, again", f"{floor2:.3f}", f"{1 / floor2:.3f}", f"{floor2 / floor:.2f}")
     console.print(paper)
+
+
+def aggregation_table(console: Console, out: Path) -> None:
+    """fedsim's aggregation against Flower's own on the same 10 replies of the paper CNN: same bytes."""
+    cfg = base_config(10, 0, "inline", "local", out)
+    ds = load_federation(cfg).dataset
+    records = []
+    for seed in range(10):
+        torch.manual_seed(seed)
+        arrays = to_array_record(build_model(cfg, ds.num_classes, ds.in_shape).state_dict())
+        records.append(RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": 5000})}))
+    table = Table(title="aggregating 10 replies of the paper CNN (3.2 MB each)")
+    for col in ("implementation", "ms", "ratio to Flower's"):
+        table.add_column(col)
+    ms = {}
+    for name, fn in (("Flower's", flower_aggregate), ("fedsim.aggregation", aggregate_arrayrecords)):
+        fn(records, "num-examples")
+        t0 = time.perf_counter()
+        for _ in range(20):
+            result = fn(records, "num-examples")
+        ms[name] = (time.perf_counter() - t0) / 20 * 1000, {k: a.data for k, a in result.items()}
+    flower_ms, flower_bytes = ms["Flower's"]
+    for name, (value, data) in ms.items():
+        same = "" if data == flower_bytes else " (DIFFERENT BYTES)"
+        table.add_row(name + same, f"{value:.2f}", f"{value / flower_ms:.2f}")
+    console.print(table)
 
 
 def memory_table(console: Console, out: Path) -> None:
@@ -150,6 +185,7 @@ def main() -> None:
     if args.memory:
         memory_table(console, out)
     else:
+        aggregation_table(console, out)
         overhead_table(console, out, args.quick)
         paper_table(console, out, args.quick)
     shutil.rmtree(out, ignore_errors=True)
