@@ -35,7 +35,9 @@ def tensor_to_array(t: torch.Tensor) -> Array:
 
 def ndarray_to_array(a: np.ndarray) -> Array:
     """The Array ``Array(a)`` would make (``np.save``'s bytes), with one copy of the data."""
-    if not a.flags.c_contiguous:  # channels_last conv weights: .npy holds C order
+    if a.flags.f_contiguous and not a.flags.c_contiguous:  # np.save keeps Fortran order: so does Flower
+        return Array(a)
+    if not a.flags.c_contiguous:  # channels_last conv weights: np.save writes them in C order
         a = a.copy(order="C")
     shape = tuple(int(s) for s in a.shape)
     data = b"".join((_header(a.dtype.str, shape), memoryview(a.reshape(-1)).cast("B")))

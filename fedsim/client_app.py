@@ -184,13 +184,22 @@ class ClientRuntime:
 
 
 @lru_cache(maxsize=2)
+def _config(config_json: str) -> RunConfig:
+    return RunConfig.from_json(config_json)
+
+
+@lru_cache(maxsize=2)
 def _runtime(config_json: str) -> ClientRuntime:
-    return ClientRuntime(RunConfig.from_json(config_json))
+    return ClientRuntime(_config(config_json))
+
+
+def _config_json(msg: Message) -> str:
+    return str(msg.content.config_records[wire.CONFIG][wire.RUN_CONFIG])
 
 
 def runtime_for(msg: Message) -> ClientRuntime:
     """The process's runtime for the run config the message carries (built on first use)."""
-    return _runtime(str(msg.content.config_records[wire.CONFIG][wire.RUN_CONFIG]))
+    return _runtime(_config_json(msg))
 
 
 def error_reply(message: Message, err: Exception) -> Message:
@@ -206,12 +215,17 @@ def train_groups(jobs: Sequence[tuple[Message, Context]]) -> list[list[int]]:
     step counts)."""
     runs: dict[int, tuple[int, list[int]]] = {}
     for i, (msg, context) in enumerate(jobs):
-        if msg.metadata.message_type != MessageType.TRAIN:
+        try:
+            if msg.metadata.message_type != MessageType.TRAIN:
+                continue
+            if _config(_config_json(msg)).simulation.vmap_clients == 1:  # read without building a runtime
+                continue
+            runtime = runtime_for(msg)
+            has_data = len(runtime.data(int(context.node_config[wire.PARTITION_ID])).y_train) > 0
+        except Exception:  # a message this cannot read, or a runtime that cannot start: the ClientApp reports it
             continue
-        runtime = runtime_for(msg)
-        width = runtime.cfg.simulation.vmap_clients
-        if width > 1 and len(runtime.data(int(context.node_config[wire.PARTITION_ID])).y_train):
-            runs.setdefault(id(runtime), (width, []))[1].append(i)
+        if has_data:
+            runs.setdefault(id(runtime), (runtime.cfg.simulation.vmap_clients, []))[1].append(i)
     groups = [ids[k : k + width] for width, ids in runs.values() for k in range(0, len(ids), width)]
     return [g for g in groups if len(g) > 1]
 

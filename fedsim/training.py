@@ -140,7 +140,7 @@ def train_local(
     for lane in lanes:
         lane.model.train()
     optimizer.state.clear()  # momentum must not leak from the previous round or another client
-    totals, steps = torch.zeros(len(lanes)), 0
+    totals, steps = torch.zeros(len(lanes), device=lanes[0].stream.x.device), 0  # summed where the losses are
     for batch in zip(*(lane.batches() for lane in lanes), strict=True):
         features, logits = forward([x for x, _ in batch])
         ys = [y for _, y in batch]

@@ -8,6 +8,8 @@ one vmapped forward over the stacked batches. Everything else stays per client a
 batches (each client's own seeded stream), the strategy's hooks on each client's own model, the
 SGD update. A model qualifies when its forward is a pure function of parameters and input: no
 running statistics to update (BN, ln_goldschmidt) and no per-client noise stream (ln_randomized).
+The forward runs through the first client's module, so forward hooks a strategy registers on its
+clients' models do not run per client: a strategy that needs them keeps ``vmap_clients: 1``.
 """
 
 from __future__ import annotations

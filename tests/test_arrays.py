@@ -41,10 +41,16 @@ def test_channels_last_tensor_is_written_in_c_order_and_copied_back_in_place() -
     t = torch.randn(16, 8, 5, 5).to(memory_format=torch.channels_last)
     assert not t.numpy().flags.c_contiguous
     array = tensor_to_array(t)
-    assert array.data == flower_bytes(t.numpy())
+    assert array.data == Array(t.numpy()).data == flower_bytes(t.numpy())
     target = {"w": torch.zeros(16, 8, 5, 5).to(memory_format=torch.channels_last)}
     copy_into(target, ArrayRecord({"w": array}))
     assert torch.equal(target["w"], t)
+
+
+def test_fortran_ordered_array_keeps_np_saves_bytes() -> None:
+    a = np.asfortranarray(ARRAYS["fc"])
+    assert ndarray_to_array(a).data == Array(a).data  # np.save writes fortran_order: True
+    assert np.array_equal(array_view(ndarray_to_array(a)), a)
 
 
 def replies(weights: list[int | float], seed: int) -> list[RecordDict]:
@@ -98,3 +104,36 @@ def test_install_makes_flowers_fedavg_aggregate_with_it(monkeypatch: pytest.Monk
     ours, _ = FedAvg().aggregate_train(1, messages)
     assert calls == [1]
     assert {k: a.data for k, a in ours.items()} == {k: a.data for k, a in flower_arrays.items()}
+
+
+def with_arrays(record: RecordDict, arrays: dict[str, Array], name: str = "arrays") -> RecordDict:
+    out = RecordDict({k: v for k, v in record.items() if k != "arrays"})
+    out[name] = ArrayRecord(arrays)
+    return out
+
+
+def assert_same_bytes(records: list[RecordDict]) -> None:
+    ours, theirs = aggregate_arrayrecords(records, "num-examples"), flower_aggregate(records, "num-examples")
+    assert list(ours) == list(theirs)
+    assert {k: a.data for k, a in ours.items()} == {k: a.data for k, a in theirs.items()}
+
+
+def test_aggregation_matches_flower_on_replies_that_differ() -> None:
+    """Replies a user's plugin could send: Flower's loop decides, and fedsim's must agree byte for byte."""
+    base = replies([100, 300, 50], seed=11)
+    fc = [array_view(r["arrays"]["fc"]) for r in base]
+    # Fortran-ordered arrays (Flower's own Array of a transposed weight), first or later
+    fortran = [with_arrays(r, {"fc": Array(np.asfortranarray(a))}) for r, a in zip(base, fc, strict=True)]
+    assert_same_bytes(fortran)
+    later = [with_arrays(r, {"fc": ndarray_to_array(a)}) for r, a in zip(base[1:], fc[1:], strict=True)]
+    assert_same_bytes([fortran[0], *later])
+    # a later reply in float64: Flower adds it into the float32 sum
+    mixed = [base[0], with_arrays(base[1], {"fc": ndarray_to_array(fc[1].astype(np.float64))}), base[2]]
+    assert_same_bytes(mixed)
+    # a key the first reply lacks: its sum starts at the second reply, with the second reply's weight
+    extra = ndarray_to_array(ARRAYS["large"] * 2)
+    assert_same_bytes([base[0], with_arrays(base[1], {"fc": ndarray_to_array(fc[1]), "only-here": extra}), base[2]])
+    # two ArrayRecords in one reply
+    two = with_arrays(base[1], {"fc": ndarray_to_array(fc[1])})
+    two["more"] = ArrayRecord({"large": ndarray_to_array(ARRAYS["large"])})
+    assert_same_bytes([base[0], two, base[2]])

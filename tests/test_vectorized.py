@@ -5,20 +5,40 @@ actors; what cannot train together is refused before anything runs."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from flwr.app import ConfigRecord, Message, RecordDict
 
+from fedsim import wire
+from fedsim.client_app import app
 from fedsim.config import parse_config
 from fedsim.deploy.launcher import deploy
+from fedsim.engines.local import InlineExecutor, LocalGrid
 from fedsim.errors import ConfigError
 from fedsim.runner import run
+from fedsim.vectorized import StackedForward
 from tests.conftest import small_config
 
 COMPARED = ("train_loss", "client_mean_acc", "global_acc")
+
+
+@pytest.fixture
+def stacked_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of clients of each vmapped step run in this process, in order."""
+    calls: list[int] = []
+    original = StackedForward.__call__
+
+    def counted(self: StackedForward, xs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(len(xs))
+        return original(self, xs)
+
+    monkeypatch.setattr(StackedForward, "__call__", counted)
+    return calls
 
 
 def run_both(tmp_path: Path, vmap_clients: int, **sections: Any) -> tuple[list[dict], list[dict], dict, dict]:
@@ -63,28 +83,35 @@ def assert_same_training(one: list[dict], together: list[dict], model_one: dict,
     ],
     ids=lambda s: s["name"],
 )
-def test_clients_trained_together_match_one_at_a_time(tmp_path: Path, strategy: dict) -> None:
-    sections = {"strategy": strategy, "train": {"momentum": 0.9, "weight_decay": 1e-3}}
+def test_clients_trained_together_match_one_at_a_time(
+    tmp_path: Path, strategy: dict, stacked_steps: list[int]
+) -> None:
+    # weight decay strong enough to matter: 0.05 x lr 0.05 x 3 steps moves weights ~1e-2 a round
+    sections = {"strategy": strategy, "train": {"momentum": 0.9, "weight_decay": 0.05}}
     one, together, m1, m4 = run_both(tmp_path, 4, **sections)
+    assert stacked_steps == [4] * (4 * 3)  # 4 rounds x 3 steps, all 4 clients in one vmapped step
     # float32 sums in another order: rounds agree to ~1e-7, with transient spikes to ~1e-5 where a
     # loss is sensitive (FedDecorr's normalised features); a wrong lane would be off by 1e-2 or more
     assert_same_training(one, together, m1, m4, tol=1e-4)
 
 
-def test_paper_cnn_groups_of_three_and_a_client_alone_match(tmp_path: Path) -> None:
+def test_paper_cnn_groups_of_three_and_a_client_alone_match(tmp_path: Path, stacked_steps: list[int]) -> None:
     # 4 clients, vmap_clients 3: one vmapped group of three (convolutions under vmap) and one client alone
     one, together, m1, m3 = run_both(tmp_path, 3, model={"name": "cnn", "norm": "ln", "args": {}})
+    assert stacked_steps == [3] * (4 * 3)
     assert_same_training(one, together, m1, m3, tol=1e-4)
 
 
 def test_ray_actors_each_train_their_clients_together(tmp_path: Path) -> None:
-    # two actors of one CPU each, each with two of the four clients: a vmapped pair per actor
-    sim = {"backend": "ray", "client_resources": {"num_cpus": 1}}
+    # exactly two actors on any machine (Ray starts with every CPU), each with two of the four clients
+    sim = {"backend": "ray", "client_resources": {"num_cpus": (os.cpu_count() or 2) / 2}}
     one, together, m1, m2 = run_both(tmp_path, 2, simulation=sim)
     assert_same_training(one, together, m1, m2, tol=1e-4)
+    # the vmapped pairs ran in the actors: their float sums run in another order, so the bits differ
+    assert [m["train_loss"] for m in together] != [m["train_loss"] for m in one]
 
 
-def test_a_failing_client_of_a_group_is_skipped_alone(tmp_path: Path) -> None:
+def test_a_failing_client_of_a_group_is_skipped_alone(tmp_path: Path, stacked_steps: list[int]) -> None:
     flaky = {"name": "tests.plugins.flaky_client:Flaky", "fail_partition": 1, "fail_from": 2}
     cfg = small_config(
         tmp_path, strategy=flaky, train={"on_client_failure": "skip"}, eval={"every": 1},
@@ -95,6 +122,7 @@ def test_a_failing_client_of_a_group_is_skipped_alone(tmp_path: Path) -> None:
     assert "failed_clients" not in lines[0]
     for m in lines[1:]:  # only partition 1 is left out; its three group mates trained and were averaged
         assert m["failed_clients"] == {str(m["round"]): [1]}
+    assert stacked_steps == [4] * 3 + [3] * (3 * 3)  # round 1 with all four, then three together
     assert lines[-1]["train_loss"] < lines[0]["train_loss"]
 
 
@@ -123,3 +151,11 @@ def test_deploy_refuses_vmap_clients(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="each SuperNode trains its one client"):
         deploy(cfg)
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_train_message_no_runtime_can_serve_gets_an_error_reply() -> None:
+    # grouping reads each train message's config first: what it cannot read is the ClientApp's to report
+    grid = LocalGrid(InlineExecutor(app, run_id=1, num_partitions=2))
+    content = RecordDict({wire.CONFIG: ConfigRecord({wire.RUN_CONFIG: "{not a config"})})
+    (reply,) = grid.send_and_receive([Message(content, dst_node_id=1, message_type="train")])
+    assert reply.has_error() and "ValidationError" in reply.error.reason
