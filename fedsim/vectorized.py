@@ -1,7 +1,7 @@
 """Several clients' local steps at once: ``torch.func.vmap`` over their stacked parameters.
 
 The paper's rounds are 10 clients x 10 steps of a small CNN at batch 32: on a GPU each step is a
-few dozen tiny kernels, so one client at a time leaves the device idle. With
+few dozen small kernels, launched one client after another. With
 ``simulation.vmap_clients: N`` a worker trains up to N of a round's clients together: every step
 stacks each client's own parameters (so gradients flow back to each client's own model) and runs
 one vmapped forward over the stacked batches. Everything else stays per client and unchanged: the
