@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,9 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedsim.aggregation import BLOCK, aggregate_arrayrecords, install
 from fedsim.arrays import array_view, copy_into, ndarray_to_array, tensor_to_array
+from fedsim.config import parse_config
+from fedsim.runner import run
+from tests.conftest import small_config
 
 ARRAYS = {
     "conv": np.random.default_rng(0).standard_normal((8, 3, 5, 5)).astype(np.float32),
@@ -137,3 +142,9 @@ def test_aggregation_matches_flower_on_replies_that_differ() -> None:
     two = with_arrays(base[1], {"fc": ndarray_to_array(fc[1])})
     two["more"] = ArrayRecord({"large": ndarray_to_array(ARRAYS["large"])})
     assert_same_bytes([base[0], two, base[2]])
+
+
+def test_a_fedsim_run_averages_with_fedsim_aggregation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fedavg, "aggregate_arrayrecords", flower_aggregate)  # as Flower ships it
+    run(parse_config(small_config(tmp_path, train={"rounds": 1})))
+    assert fedavg.aggregate_arrayrecords is aggregate_arrayrecords
