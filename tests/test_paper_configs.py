@@ -43,7 +43,12 @@ EXPECTED: dict[str, tuple[int, str, set[int], set[int], set[float]]] = {
     "table14_seeds.yaml": (24, "imagefolder", {10}, {10}, {0.01}),
     "fig5_beta.yaml": (18, "imagefolder", {10}, {10}, {0.01}),
     "fig7_lr.yaml": (15, "imagefolder", {10}, {10}, {0.001, 0.003, 0.01, 0.03, 0.1}),
+    "fig4_centralised.yaml": (6, "imagefolder", {10, 1}, {10}, {0.01}),
+    "fig6_centralised_norms.yaml": (5, "imagefolder", {1}, {1000}, {0.001}),
 }
+# Centralised training (LN-FL App. D): Fig. 4 feeds the federation's data per round (batch 320 = 10 x 32),
+# Fig. 6 trains with momentum 0.9 in long rounds (no optimiser state crosses rounds).
+CENTRALISED = {"fig4_centralised.yaml": (10000, 320, 0.0), "fig6_centralised_norms.yaml": (100, 32, 0.9)}
 DEFAULT_ROOTS = {
     "imagefolder": CIFAR_Q75,
     "cifar100": SHARED,
@@ -64,7 +69,9 @@ def test_paper_sweep_plans_at_the_paper_budget(name: str) -> None:
     assert out == Path("runs/paper") / sweep["name"] and len(cells) == runs
     for cname, cfg in cells:
         assert cfg.output.run_dir == str(out / cname)
-        assert (cfg.train.rounds, cfg.train.batch_size, cfg.train.momentum, cfg.train.weight_decay) == (10000, 32, 0, 0)
+        budget = CENTRALISED[name] if cfg.partition.name == "centralised" else (10000, 32, 0.0)
+        assert (cfg.train.rounds, cfg.train.batch_size, cfg.train.momentum, cfg.train.weight_decay) == (*budget, 0)
+        assert (cfg.partition.name == "centralised") == (cfg.train.num_clients == 1)
         assert cfg.train.clients_per_round is None and cfg.train.local_epochs is None  # full participation, K steps
         assert (cfg.data.augment, cfg.data.normalize, cfg.data.download) == (True, False, False)
         assert cfg.data.dataset.name == dataset and Path(cfg.data.root) == DEFAULT_ROOTS[dataset].resolve()

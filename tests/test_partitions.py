@@ -11,7 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from fedsim.errors import DataError
+from fedsim.errors import ConfigError, DataError
 from fedsim.partitions import PARTITIONERS, Labels, Partition, class_counts
 
 C = 10
@@ -42,7 +42,7 @@ def mean_max_class_share(part: Partition) -> float:
 
 
 def test_registry_and_class_counts() -> None:
-    assert {"dirichlet", "iid", "n_class"} <= set(PARTITIONERS.names())
+    assert {"centralised", "dirichlet", "iid", "n_class"} <= set(PARTITIONERS.names())
     labels = np.array([0, 0, 1, 2, 2, 2])
     counts = class_counts(labels, [np.array([0, 3]), np.array([], dtype=np.int64), np.array([1, 2, 4, 5])], 3)
     np.testing.assert_array_equal(counts, [[1, 0, 1], [0, 0, 0], [1, 1, 2]])
@@ -216,6 +216,22 @@ def test_n_class_more_chunks_than_samples_raises() -> None:
     train = np.concatenate([[0, 0], np.repeat(np.arange(1, C), 100)])  # class 0 has 2 samples
     with pytest.raises(DataError, match="class 0 has 2 train samples but 5 clients"):
         split("n_class", 5, seed=0, train=train, classes_per_client=C)
+
+
+# --- centralised -------------------------------------------------------------------------------
+
+
+def test_centralised_is_one_client_with_everything() -> None:
+    part = split("centralised", 1, seed=0)
+    np.testing.assert_array_equal(part.train[0], np.arange(len(TRAIN)))
+    np.testing.assert_array_equal(part.test[0], np.arange(len(TEST)))
+    assert part.train[0].dtype == part.test[0].dtype == np.int64 and part.note == ""
+
+
+@pytest.mark.parametrize("num_clients", [2, 10])
+def test_centralised_refuses_more_than_one_client(num_clients: int) -> None:
+    with pytest.raises(ConfigError, match=rf"train\.num_clients must be 1, got {num_clients}"):
+        split("centralised", num_clients, seed=0)
 
 
 # --- Dirichlet ---------------------------------------------------------------------------------
