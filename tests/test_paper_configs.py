@@ -43,6 +43,7 @@ EXPECTED: dict[str, tuple[int, str, set[int], set[int], set[float]]] = {
     "table14_seeds.yaml": (24, "imagefolder", {10}, {10}, {0.01}),
     "fig5_beta.yaml": (18, "imagefolder", {10}, {10}, {0.01}),
     "fig7_lr.yaml": (15, "imagefolder", {10}, {10}, {0.001, 0.003, 0.01, 0.03, 0.1}),
+    "table13_inner_site.yaml": (12, "imagefolder", {10}, {10}, {0.01}),
     "fig4_centralised.yaml": (6, "imagefolder", {10, 1}, {10}, {0.01}),
     "fig6_centralised_norms.yaml": (5, "imagefolder", {1}, {1000}, {0.001}),
 }
@@ -85,6 +86,12 @@ def test_paper_sweep_plans_at_the_paper_budget(name: str) -> None:
             p = cfg.partition
             assert (p.name, p.options.get("classes_per_client", p.options.get("beta")), cfg.train.num_clients) in (
                 CIFAR100_SETTINGS
+            )
+        if name == "table13_inner_site.yaml":  # Table 13: inner-site rows are FN + a normaliser inside each block
+            inner = cfg.model.options.get("norm_sites") == "inner"
+            assert cfg.model.name == "resnet18" and inner == ("inside" in cfg.model.norm.options)
+            assert (cfg.model.norm.name, cfg.model.norm.options.get("inside")) in (
+                {("fn", "ln"), ("fn", "scale")} if inner else {("ln", None), ("fn", None)}
             )
         if name == "table11_cifar100_local_steps.yaml":
             assert cfg.train.lr == (0.1 if cfg.train.local_steps == 1 else 0.01)
