@@ -78,6 +78,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_local(args: argparse.Namespace) -> int:
+    from fedsim.local import continue_locally
+
+    print(continue_locally(args.run_dir, args.client, args.steps, args.every))
+    return 0
+
+
 def _cmd_plot(args: argparse.Namespace) -> int:
     from fedsim.plots import write_plots
 
@@ -152,6 +159,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", "-o", default=None, help="where the PNGs go (default: the RUN_DIR if one, else the current directory)"
     )
     plot.set_defaults(func=_cmd_plot)
+    local = sub.add_parser(
+        "local",
+        help="continue one client of a finished run alone (LN-FL Figs. 2-3): accuracy on its own and on the "
+        "other classes, feature diagnostics, into RUN_DIR/local-<k>/",
+    )
+    local.add_argument("run_dir", metavar="RUN_DIR", help="a finished run (its config.yaml and model.pt)")
+    local.add_argument("--client", type=int, required=True, metavar="K", help="the client (partition id) to train")
+    local.add_argument("--steps", type=int, required=True, metavar="S", help="local SGD steps to take")
+    local.add_argument("--every", type=int, default=1, metavar="E", help="evaluate every E steps (default 1)")
+    local.set_defaults(func=_cmd_local)
     lst = sub.add_parser("list", help="list strategies, normalisers, models, datasets, partitioners")
     lst.add_argument("kind", nargs="?", help="one kind only")
     lst.set_defaults(func=_cmd_list)

@@ -8,7 +8,10 @@ One function per figure, each taking runs as :func:`fedsim.rundir.read_run` retu
   ``partition.csv`` (LN-FL Fig. 8 style: a dot per (client, class), area ∝ count);
 - :func:`plot_feature_spectrum`: the singular values of the penultimate features and their
   effective rank over rounds (LN-FL Fig. 3 style), from the ``diagnostics: {features: true}``
-  keys of ``metrics.jsonl``.
+  keys of ``metrics.jsonl``;
+- :func:`plot_local`: a client trained alone from a finished run (``fedsim local``, LN-FL
+  Figs. 2-3): accuracy on its own and on the other classes, feature norm and effective rank,
+  against local steps.
 
 Figures are built with matplotlib's object API (``Figure``, no ``pyplot``): no global backend
 switch and no figure registry to leak from a long-lived process.
@@ -16,15 +19,17 @@ switch and no figure registry to leak from a long-lived process.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fedsim.errors import FedsimError
-from fedsim.rundir import read_partition, read_run, varying_keys
+from fedsim.rundir import LOCAL_JSON, read_metrics, read_partition, read_run, varying_keys
 
 ACCURACY, LABELS, SPECTRUM = "accuracy.png", "label_distribution.png", "feature_spectrum.png"
+LOCAL = "local.png"
 _DPI = 120
 
 
@@ -191,34 +196,86 @@ def plot_feature_spectrum(runs: list[dict[str, Any]], path: Path) -> int:
     return len(found)
 
 
+def plot_local(continuations: list[Path], path: Path) -> None:
+    """``fedsim local`` continuations against local steps: own-class (solid) and other-class (dashed)
+    accuracy, mean feature norm ‖g_θ(x)‖ and effective rank of the features (LN-FL Figs. 2-3)."""
+    fig = _figure(14, 4.2)
+    acc, norm, erank = (fig.add_subplot(1, 3, i) for i in (1, 2, 3))
+    for local in continuations:
+        request = json.loads((local / LOCAL_JSON).read_text())
+        lines = read_metrics(local)
+        label = f"{local.parent.name}: client {request['client']} (classes {request['classes']})"
+        steps = [m["step"] for m in lines]
+        (line,) = acc.plot(steps, [_percent(m["own_class_acc"]) for m in lines], marker="o", markersize=3,
+                           label=f"{label}, own classes")  # fmt: skip
+        acc.plot(steps, [_percent(m["other_class_acc"]) for m in lines], marker="o", markersize=3, linestyle="--",
+                 color=line.get_color(), label="other classes")  # fmt: skip
+        norm.semilogy(steps, [m.get("feature_norm_mean") or np.nan for m in lines], color=line.get_color())
+        erank.plot(steps, [m.get("feature_erank") or np.nan for m in lines], color=line.get_color())
+    for ax, ylabel, title in (
+        (acc, "test accuracy (%)", "accuracy on the client's own classes (solid) and the others (dashed)"),
+        (norm, "mean ‖g_θ(x)‖", "feature norm (probe batch)"),
+        (erank, "effective rank exp H(σ/Σσ)", "effective rank of the features (probe batch)"),
+    ):
+        ax.set_xlabel("local step")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+    acc.legend(fontsize=7, loc="best")
+    fig.savefig(path, dpi=_DPI)
+
+
+def _percent(value: float | None) -> float:
+    return np.nan if value is None else 100 * value
+
+
 def find_runs(paths: list[str | Path]) -> list[Path]:
     """Run directories: each path itself if it holds a run, else every run directory below it."""
     found: list[Path] = []
+    for p in _directories(paths):
+        found += [p] if (p / "config.yaml").exists() else sorted(c.parent for c in p.rglob("config.yaml"))
+    return list(dict.fromkeys(found))
+
+
+def find_continuations(paths: list[str | Path]) -> list[Path]:
+    """``fedsim local`` output directories (``local.json``): each path itself, or any below it."""
+    found: list[Path] = []
+    for p in _directories(paths):
+        found += sorted(c.parent for c in p.rglob(LOCAL_JSON))
+    return list(dict.fromkeys(found))
+
+
+def _directories(paths: list[str | Path]) -> list[Path]:
     for p in map(Path, paths):
         if not p.is_dir():
             raise FedsimError(f"not a directory: {p}")
-        if (p / "config.yaml").exists():
-            found.append(p)
-        else:
-            found += sorted(c.parent for c in p.rglob("config.yaml"))
-    if not found:
-        raise FedsimError(f"no run directories (config.yaml) in {', '.join(map(str, paths))}")
-    return list(dict.fromkeys(found))
+    return [Path(p) for p in paths]
 
 
 def write_plots(paths: list[str | Path], out: str | Path) -> tuple[list[Path], list[str]]:
     """Write every figure the runs have data for into ``out``; returns (files written, notes on skipped ones)."""
     runs = [read_run(p) for p in find_runs(paths)]
+    continuations = find_continuations(paths)
+    if not runs and not continuations:
+        raise FedsimError(
+            f"no run directories (config.yaml) or fedsim local results (local.json) in {', '.join(map(str, paths))}"
+        )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    written, notes = [out / ACCURACY], []
-    plot_accuracy(runs, out / ACCURACY, with_global=True)
-    if plot_label_distribution(runs, out / LABELS):
-        written.append(out / LABELS)
-    else:
-        notes.append(f"{LABELS}: no partition.csv in these runs")
-    if plot_feature_spectrum(runs, out / SPECTRUM):
-        written.append(out / SPECTRUM)
-    else:
-        notes.append(f"{SPECTRUM}: no feature diagnostics in these runs (set diagnostics.features: true)")
+    written: list[Path] = []
+    notes: list[str] = []
+    if runs:
+        plot_accuracy(runs, out / ACCURACY, with_global=True)
+        written.append(out / ACCURACY)
+        if plot_label_distribution(runs, out / LABELS):
+            written.append(out / LABELS)
+        else:
+            notes.append(f"{LABELS}: no partition.csv in these runs")
+        if plot_feature_spectrum(runs, out / SPECTRUM):
+            written.append(out / SPECTRUM)
+        else:
+            notes.append(f"{SPECTRUM}: no feature diagnostics in these runs (set diagnostics.features: true)")
+    if continuations:
+        plot_local(continuations, out / LOCAL)
+        written.append(out / LOCAL)
     return written, notes

@@ -26,6 +26,7 @@ from fedsim.config import RunConfig
 
 PROGRESS = "progress.json"
 ERROR = "error.txt"
+LOCAL_JSON = "local.json"  # what `fedsim local` ran, in RUN_DIR/local-<k>/ (fedsim.local)
 
 
 def default_run_dir(cfg: RunConfig) -> Path:
