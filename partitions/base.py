@@ -16,11 +16,15 @@ from fedsim.registry import PluginParams, Registry
 
 @dataclass(frozen=True)
 class Labels:
-    """What a partitioner splits: a dataset's train and test labels (1-D integers in ``range(num_classes)``)."""
+    """What a partitioner splits: a dataset's train and test labels (1-D integers in ``range(num_classes)``),
+    and for a dataset of several domains each sample's domain (integers in ``range(len(domains))``)."""
 
     train: np.ndarray
     test: np.ndarray
     num_classes: int
+    domains: tuple[str, ...] = ()
+    train_domain: np.ndarray | None = None
+    test_domain: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ EXPECTED: dict[str, tuple[int, str, set[int], set[int], set[float]]] = {
     "table14_seeds.yaml": (24, "imagefolder", {10}, {10}, {0.01}),
     "fig5_beta.yaml": (18, "imagefolder", {10}, {10}, {0.01}),
     "fig7_lr.yaml": (15, "imagefolder", {10}, {10}, {0.001, 0.003, 0.01, 0.03, 0.1}),
+    "table5_pacs.yaml": (15, "pacs", {12}, {10}, {0.001}),
     "table13_inner_site.yaml": (12, "imagefolder", {10}, {10}, {0.01}),
     "fig4_centralised.yaml": (6, "imagefolder", {10, 1}, {10}, {0.01}),
     "fig6_centralised_norms.yaml": (5, "imagefolder", {1}, {1000}, {0.001}),
@@ -54,6 +55,7 @@ DEFAULT_ROOTS = {
     "imagefolder": CIFAR_Q75,
     "cifar100": SHARED,
     "tinyimagenet": SHARED / "tiny-imagenet-200.zip",
+    "pacs": SHARED / "PACS",
 }
 
 
@@ -93,6 +95,9 @@ def test_paper_sweep_plans_at_the_paper_budget(name: str) -> None:
             assert (cfg.model.norm.name, cfg.model.norm.options.get("inside")) in (
                 {("fn", "ln"), ("fn", "scale")} if inner else {("ln", None), ("fn", None)}
             )
+        if dataset == "pacs":  # Table 5: each domain split among 3 of the 12 clients
+            assert cfg.partition.name == "domains" and cfg.partition.options["clients_per_domain"] == 3
+            assert cfg.model.name == "resnet18"
         if name == "table11_cifar100_local_steps.yaml":
             assert cfg.train.lr == (0.1 if cfg.train.local_steps == 1 else 0.01)
     if dataset == "imagefolder" and CIFAR_Q75.exists():  # CIFAR-10: the offline copy is what it reads
@@ -136,6 +141,8 @@ def test_the_headline_table_is_the_200_round_three_seed_sweep() -> None:
     [
         ("table1_cifar100.yaml", "cifar100", "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"),
         ("table1_tinyimagenet.yaml", "tinyimagenet", "http://cs231n.stanford.edu/tiny-imagenet-200.zip"),
+        ("table5_pacs.yaml", "pacs", "PACS not found at"),
+        ("table5_pacs.yaml", "pacs", "get it from https://domaingeneralization.github.io/#data"),
     ],
 )
 def test_missing_dataset_fails_before_training_saying_where_and_how(
