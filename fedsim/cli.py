@@ -81,7 +81,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_local(args: argparse.Namespace) -> int:
     from fedsim.local import continue_locally
 
-    print(continue_locally(args.run_dir, args.client, args.steps, args.every))
+    print(continue_locally(args.run_dir, args.client, args.steps, args.every, args.set))
     return 0
 
 
@@ -168,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--client", type=int, required=True, metavar="K", help="the client (partition id) to train")
     local.add_argument("--steps", type=int, required=True, metavar="S", help="local SGD steps to take")
     local.add_argument("--every", type=int, default=1, metavar="E", help="evaluate every E steps (default 1)")
+    local.add_argument(
+        "--set", nargs="+", default=[], metavar="KEY=VALUE",
+        help="change the run's config for the local training, e.g. model.norm=fn (LN-FL Fig. 2) or train.lr=0.1",
+    )  # fmt: skip
     local.set_defaults(func=_cmd_local)
     lst = sub.add_parser("list", help="list strategies, normalisers, models, datasets, partitioners")
     lst.add_argument("kind", nargs="?", help="one kind only")

@@ -21,12 +21,11 @@ from typing import Any
 
 import torch
 import yaml
-from pydantic import ValidationError
 
 from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.client.runtime import ClientRuntime, round_seed
 from fedsim.client.training import ClientRound, train_local
-from fedsim.config import RunConfig
+from fedsim.config import RunConfig, apply_overrides, parse_config
 from fedsim.diagnostics import ProbeDiagnostics
 from fedsim.errors import ConfigError, DataError
 from fedsim.evaluation import evaluate
@@ -40,10 +39,11 @@ def local_dir(run_dir: str | Path, client: int) -> Path:
     return Path(run_dir) / f"local-{client}"
 
 
-def finished_run_config(run_dir: str | Path, client: int, steps: int, every: int) -> RunConfig:
-    """The config of the finished run ``run_dir``, once the request is known to be one that can run.
-
-    Everything here reads only small files: bad input stops before any data is loaded.
+def finished_run_config(
+    run_dir: str | Path, client: int, steps: int, every: int, overrides: list[str] | None = None
+) -> RunConfig:
+    """The config of the finished run ``run_dir`` with ``overrides`` applied, once the request is known to
+    be one that can run. Everything here reads only small files: bad input stops before any data is loaded.
     """
     run_dir = Path(run_dir)
     if steps < 1:
@@ -59,24 +59,38 @@ def finished_run_config(run_dir: str | Path, client: int, steps: int, every: int
             f"(fedsim run --resume {run_dir}), with output.save_model: true"
         )
     try:
-        cfg = RunConfig.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
-    except (yaml.YAMLError, ValidationError) as err:
+        raw = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    except yaml.YAMLError as err:
         raise ConfigError(f"{run_dir / 'config.yaml'}: not a config fedsim can read: {err}") from err
+    cfg = parse_config(apply_overrides(raw, overrides or []))
     n = cfg.train.num_clients
     if not 0 <= client < n:
         raise ConfigError(f"--client {client} is out of range; allowed 0..{n - 1} (the run's train.num_clients)")
     return cfg
 
 
-def continue_locally(run_dir: str | Path, client: int, steps: int, every: int) -> Path:
-    """Train client ``client`` alone from the run's final model for ``steps`` steps; returns ``local-<k>/``."""
-    cfg = finished_run_config(run_dir, client, steps, every)
+def continue_locally(
+    run_dir: str | Path, client: int, steps: int, every: int, overrides: list[str] | None = None
+) -> Path:
+    """Train client ``client`` alone from the run's final model for ``steps`` steps; returns ``local-<k>/``.
+
+    ``overrides`` (``key=value``) change the run's config for the local training: ``model.norm=fn`` trains
+    a vanilla run's model with FN, which has no parameters (LN-FL Fig. 2, right), ``train.lr=...``.
+    """
+    cfg = finished_run_config(run_dir, client, steps, every, overrides)
     runtime = ClientRuntime(resolve(cfg))
     data = runtime.data(client)
     if len(data.y_train) == 0:
         raise DataError(f"--client {client} holds no training samples in this run's split: choose another client")
     state = torch.load(Path(run_dir) / "model.pt", map_location=runtime.device, weights_only=True)
-    runtime.model.load_state_dict(state)
+    try:
+        runtime.model.load_state_dict(state)
+    except RuntimeError as err:  # --set changed the model's tensors
+        first = str(err).splitlines()[1].strip() if len(str(err).splitlines()) > 1 else str(err)
+        raise ConfigError(
+            f"{run_dir}/model.pt does not fit the model this config builds (--set {' '.join(overrides or [])}): "
+            f"{first}"
+        ) from err
     own = data.class_counts > 0
     out = RunDir(local_dir(run_dir, client))
     out.reset_metrics()
@@ -85,6 +99,7 @@ def continue_locally(run_dir: str | Path, client: int, steps: int, every: int) -
         "run_dir": str(Path(run_dir).resolve()), "client": client, "steps": steps, "every": every,
         "classes": [c for c, held in enumerate(own.tolist()) if held], "lr": t.lr, "momentum": t.momentum,
         "weight_decay": t.weight_decay, "batch_size": t.batch_size, "augment": cfg.data.augment,
+        "overrides": list(overrides or []),
     }  # fmt: skip
     atomic_write(out.path / LOCAL_JSON, (json.dumps(request, indent=2) + "\n").encode())
 

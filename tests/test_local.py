@@ -80,3 +80,17 @@ def test_missing_or_unfinished_run_is_one_line(tmp_path: Path, capsys: pytest.Ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a finished run with a saved model (no summary.json or model.pt)" in err[0]
     assert f"fedsim run --resume {unfinished}" in err[0] and not (unfinished / "local-0").exists()
+
+
+def test_set_changes_the_local_training_and_a_model_that_does_not_fit_is_one_line(
+    finished_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["local", str(finished_run), "--client", "5", "--steps", "2", "--set", "train.lr=0.01"]) == 0
+    request = json.loads((finished_run / "local-5" / "local.json").read_text())
+    assert request["lr"] == 0.01 and request["overrides"] == ["train.lr=0.01"]
+    capsys.readouterr()
+    # the quickstart's LN model has LN's gamma and beta, which a model without norms lacks
+    assert main(["local", str(finished_run), "--client", "6", "--steps", "2", "--set", "model.norm=none"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.pt does not fit the model this config builds (--set model.norm=none)" in err[0]
+    assert not (finished_run / "local-6" / "metrics.jsonl").exists()
