@@ -89,7 +89,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     from fedsim.plots import write_plots
 
     out = args.out or (args.run_dirs[0] if len(args.run_dirs) == 1 else ".")
-    written, notes = write_plots(args.run_dirs, out)
+    written, notes = write_plots(args.run_dirs, out, over_seeds=args.mean_over_seeds)
     for path in written:
         print(path)
     for note in notes:
@@ -158,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument(
         "--out", "-o", default=None, help="where the PNGs go (default: the RUN_DIR if one, else the current directory)"
     )
+    plot.add_argument(
+        "--mean-over-seeds", action="store_true",
+        help="accuracy.png: runs that differ only in their seed as one line, the mean, shaded ± std",
+    )  # fmt: skip
     plot.set_defaults(func=_cmd_plot)
     local = sub.add_parser(
         "local",

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from fedsim.errors import FedsimError
-from fedsim.rundir import LOCAL_JSON, read_metrics, read_partition, read_run, varying_keys
+from fedsim.rundir import LOCAL_JSON, read_metrics, read_partition, read_run, seed_groups, short_key, varying_keys
 
 ACCURACY, LABELS, SPECTRUM = "accuracy.png", "label_distribution.png", "feature_spectrum.png"
 LOCAL = "local.png"
@@ -46,12 +46,6 @@ def _integer_rounds(ax: Any) -> None:
     ax.set_xlabel("round")
 
 
-def short_key(key: str) -> str:
-    """A config key's label: its last part, or the plugin's for a name (``model.norm.name`` -> norm)."""
-    parts = key.split(".")
-    return parts[-2] if parts[-1] == "name" and len(parts) > 1 else parts[-1]  # strategy.name -> strategy
-
-
 def run_labels(runs: list[dict[str, Any]]) -> list[str]:
     """A legend label per run: the config values that differ between the runs, else the directory name."""
     if len(runs) > 1:
@@ -68,24 +62,46 @@ def _series(run: dict[str, Any], key: str) -> list[tuple[int, float]]:
     return [(m["round"], 100 * m[key]) for m in run["metrics"] if m.get(key) is not None]
 
 
-def plot_accuracy(runs: list[dict[str, Any]], path: Path, with_global: bool = False) -> None:
-    """Client-mean accuracy (solid) and, ``with_global``, global-model accuracy (dashed) per round."""
+def plot_accuracy(
+    runs: list[dict[str, Any]], path: Path, with_global: bool = False, over_seeds: bool = False
+) -> None:
+    """Client-mean accuracy (solid) and, ``with_global``, global-model accuracy (dashed) per round.
+
+    ``over_seeds``: one line per group of runs that differ only in their seed (:func:`seed_groups`),
+    the mean over the seeds, shaded ± one standard deviation, at the rounds every member evaluated.
+    """
     fig = _figure(7, 4.5)
     ax = fig.add_subplot()
-    for run, label in zip(runs, run_labels(runs), strict=True):
-        points = _series(run, "client_mean_acc")
-        if not points:
+    if over_seeds:
+        groups = seed_groups(runs)
+    else:
+        groups = {label: [run] for run, label in zip(runs, run_labels(runs), strict=True)}
+    for label, members in groups.items():
+        rounds, mean, std = mean_and_std(members, "client_mean_acc")
+        if not rounds:
             continue
-        (line,) = ax.plot(*zip(*points, strict=True), label=label)
-        glob = _series(run, "global_acc")
-        if with_global and glob:
-            ax.plot(*zip(*glob, strict=True), color=line.get_color(), linestyle="--", linewidth=1)
+        seeds = f" ({len(members)} seeds)" if over_seeds else ""
+        (line,) = ax.plot(rounds, mean, label=label + seeds)
+        if len(members) > 1:
+            ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+        glob_rounds, glob, _ = mean_and_std(members, "global_acc")
+        if with_global and glob_rounds:
+            ax.plot(glob_rounds, glob, color=line.get_color(), linestyle="--", linewidth=1)
     _integer_rounds(ax)
     ax.set_ylabel("accuracy (%)")
-    ax.set_title("client-mean accuracy" + (" (solid) and global-model accuracy (dashed)" if with_global else ""))
+    title = "client-mean accuracy" + (" (solid) and global-model accuracy (dashed)" if with_global else "")
+    ax.set_title(title + (", mean ± std over seeds" if over_seeds else ""), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     fig.savefig(path, dpi=_DPI)
+
+
+def mean_and_std(members: list[dict[str, Any]], key: str) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """Rounds every member has ``key`` at, and the mean and std (population, as the report's) of 100 · value."""
+    series = [dict(_series(run, key)) for run in members]
+    rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
+    values = np.array([[s[r] for r in rounds] for s in series], dtype=float).reshape(len(series), len(rounds))
+    return rounds, values.mean(axis=0), values.std(axis=0)
 
 
 def plot_final_vs(runs: list[dict[str, Any]], key: str, path: Path) -> int:
@@ -252,8 +268,13 @@ def _directories(paths: list[str | Path]) -> list[Path]:
     return [Path(p) for p in paths]
 
 
-def write_plots(paths: list[str | Path], out: str | Path) -> tuple[list[Path], list[str]]:
-    """Write every figure the runs have data for into ``out``; returns (files written, notes on skipped ones)."""
+def write_plots(
+    paths: list[str | Path], out: str | Path, over_seeds: bool = False
+) -> tuple[list[Path], list[str]]:
+    """Write every figure the runs have data for into ``out``; returns (files written, notes on skipped ones).
+
+    ``over_seeds``: the accuracy plot draws runs that differ only in their seed as one mean line with a
+    ± std band."""
     runs = [read_run(p) for p in find_runs(paths)]
     continuations = find_continuations(paths)
     if not runs and not continuations:
@@ -265,7 +286,7 @@ def write_plots(paths: list[str | Path], out: str | Path) -> tuple[list[Path], l
     written: list[Path] = []
     notes: list[str] = []
     if runs:
-        plot_accuracy(runs, out / ACCURACY, with_global=True)
+        plot_accuracy(runs, out / ACCURACY, with_global=True, over_seeds=over_seeds)
         written.append(out / ACCURACY)
         if plot_label_distribution(runs, out / LABELS):
             written.append(out / LABELS)

@@ -157,6 +157,25 @@ def varying_keys(runs: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def short_key(key: str) -> str:
+    """A config key's label: its last part, or the plugin's for a name (``model.norm.name`` -> norm)."""
+    parts = key.split(".")
+    return parts[-2] if parts[-1] == "name" and len(parts) > 1 else parts[-1]  # strategy.name -> strategy
+
+
+def seed_groups(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Runs grouped by the config values they differ in (:func:`varying_keys`), seeds pooled: the rows of
+    ``fedsim report`` and the bands of ``fedsim plot --mean-over-seeds``. Keyed by a label naming those
+    values (``strategy=fedavg, norm=ln``; a key a run does not set is left out), in the runs' order."""
+    keys = varying_keys(runs)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        values = [(short_key(k), run["config"].get(k)) for k in keys]
+        label = ", ".join(f"{k}={v}" for k, v in values if v is not None) or "runs"
+        groups.setdefault(label, []).append(run)
+    return groups
+
+
 def read_partition(path: str | Path) -> tuple[list[str], dict[str, np.ndarray]]:
     """``partition.csv`` read back: the class names and, per split, the clients x classes counts."""
     with open(Path(path) / "partition.csv", newline="") as f:
