@@ -9,8 +9,9 @@ batches, through the one training loop with FedAvg's client half (plain local SG
 run's strategy). Before the first step and every E steps (and after the last) it scores the model
 on the whole test set, accuracy on the classes client k trains on (``own_class_acc``) and on all
 the others (``other_class_acc``), and measures the feature diagnostics of :mod:`fedsim.diagnostics`
-on the run's probe batch. ``RUN_DIR/local-<k>/`` holds ``local.json`` (what ran) and
-``metrics.jsonl`` (one line per evaluation, flushed as written); ``fedsim plot`` draws them.
+on the run's probe batch. ``RUN_DIR/local-<k>/`` (``local-<k>,<key=value>...`` with ``--set``) holds
+``local.json`` (what ran) and ``metrics.jsonl`` (one line per evaluation, flushed as written);
+``fedsim plot`` draws them.
 """
 
 from __future__ import annotations
@@ -35,8 +36,11 @@ from fedsim.registry import PluginParams
 from fedsim.rundir import LOCAL_JSON, RunDir, atomic_write
 
 
-def local_dir(run_dir: str | Path, client: int) -> Path:
-    return Path(run_dir) / f"local-{client}"
+def local_dir(run_dir: str | Path, client: int, overrides: list[str] | None = None) -> Path:
+    """``RUN_DIR/local-<k>``, or ``local-<k>,<override>,...`` when ``--set`` changed the config, so that a
+    vanilla continuation and an FN one of the same client sit side by side (LN-FL Fig. 2)."""
+    name = ",".join([f"local-{client}", *(o.replace("/", "_").replace(" ", "") for o in overrides or [])])
+    return Path(run_dir) / name
 
 
 def finished_run_config(
@@ -92,7 +96,7 @@ def continue_locally(
             f"{first}"
         ) from err
     own = data.class_counts > 0
-    out = RunDir(local_dir(run_dir, client))
+    out = RunDir(local_dir(run_dir, client, overrides))
     out.reset_metrics()
     t = cfg.train
     request = {

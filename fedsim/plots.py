@@ -217,10 +217,13 @@ def plot_local(continuations: list[Path], path: Path) -> None:
     accuracy, mean feature norm ‖g_θ(x)‖ and effective rank of the features (LN-FL Figs. 2-3)."""
     fig = _figure(14, 4.2)
     acc, norm, erank = (fig.add_subplot(1, 3, i) for i in (1, 2, 3))
+    several_runs = len({local.parent for local in continuations}) > 1
     for local in continuations:
         request = json.loads((local / LOCAL_JSON).read_text())
         lines = read_metrics(local)
-        label = f"{local.parent.name}: client {request['client']} (classes {request['classes']})"
+        label = f"client {request['client']} (classes {request['classes']})"
+        label += "".join(f", {o}" for o in request.get("overrides", []))
+        label = f"{local.parent.name}: {label}" if several_runs else label
         steps = [m["step"] for m in lines]
         (line,) = acc.plot(steps, [_percent(m["own_class_acc"]) for m in lines], marker="o", markersize=3,
                            label=f"{label}, own classes")  # fmt: skip

@@ -89,11 +89,11 @@ def test_set_changes_the_local_training_and_a_model_that_does_not_fit_is_one_lin
     finished_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["local", str(finished_run), "--client", "5", "--steps", "2", "--set", "train.lr=0.01"]) == 0
-    request = json.loads((finished_run / "local-5" / "local.json").read_text())
+    request = json.loads((finished_run / "local-5,train.lr=0.01" / "local.json").read_text())
     assert request["lr"] == 0.01 and request["overrides"] == ["train.lr=0.01"]
     capsys.readouterr()
     # the quickstart's LN model has LN's gamma and beta, which a model without norms lacks
     assert main(["local", str(finished_run), "--client", "6", "--steps", "2", "--set", "model.norm=none"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model.pt does not fit the model this config builds (--set model.norm=none)" in err[0]
-    assert not (finished_run / "local-6" / "metrics.jsonl").exists()
+    assert not list(finished_run.glob("local-6*"))
