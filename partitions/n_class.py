@@ -44,10 +44,14 @@ def class_room(num_clients: int, k: int, num_classes: int, rng: np.random.Genera
 def draw_classes(
     room: np.ndarray, num_clients: int, k: int, rng: np.random.Generator, repair: Literal[True]
 ) -> list[set[int]]: ...
+
+
 @overload
 def draw_classes(
     room: np.ndarray, num_clients: int, k: int, rng: np.random.Generator, repair: bool = False
 ) -> list[set[int]] | None: ...
+
+
 def draw_classes(
     room: np.ndarray, num_clients: int, k: int, rng: np.random.Generator, repair: bool = False
 ) -> list[set[int]] | None:
