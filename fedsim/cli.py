@@ -87,11 +87,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_local(args: argparse.Namespace) -> int:
+    from fedsim.local import continue_locally
+
+    print(continue_locally(args.run_dir, args.client, args.steps, args.every, args.set))
+    return 0
+
+
 def _cmd_plot(args: argparse.Namespace) -> int:
     from fedsim.plots import write_plots
 
     out = args.out or (args.run_dirs[0] if len(args.run_dirs) == 1 else ".")
-    written, notes = write_plots(args.run_dirs, out)
+    written, notes = write_plots(args.run_dirs, out, over_seeds=args.mean_over_seeds)
     for path in written:
         print(path)
     for note in notes:
@@ -167,7 +174,25 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument(
         "--out", "-o", default=None, help="where the PNGs go (default: the RUN_DIR if one, else the current directory)"
     )
+    plot.add_argument(
+        "--mean-over-seeds", action="store_true",
+        help="accuracy.png: runs that differ only in their seed as one line, the mean, shaded ± std",
+    )  # fmt: skip
     plot.set_defaults(func=_cmd_plot)
+    local = sub.add_parser(
+        "local",
+        help="continue one client of a finished run alone (LN-FL Figs. 2-3): accuracy on its own and on the "
+        "other classes, feature diagnostics, into RUN_DIR/local-<k>/",
+    )
+    local.add_argument("run_dir", metavar="RUN_DIR", help="a finished run (its config.yaml and model.pt)")
+    local.add_argument("--client", type=int, required=True, metavar="K", help="the client (partition id) to train")
+    local.add_argument("--steps", type=int, required=True, metavar="S", help="local SGD steps to take")
+    local.add_argument("--every", type=int, default=1, metavar="E", help="evaluate every E steps (default 1)")
+    local.add_argument(
+        "--set", nargs="+", default=[], metavar="KEY=VALUE",
+        help="change the run's config for the local training, e.g. model.norm=fn (LN-FL Fig. 2) or train.lr=0.1",
+    )  # fmt: skip
+    local.set_defaults(func=_cmd_local)
     lst = sub.add_parser("list", help="list strategies, normalisers, models, datasets, partitioners")
     lst.add_argument("kind", nargs="?", help="one kind only")
     lst.set_defaults(func=_cmd_list)

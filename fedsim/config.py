@@ -361,18 +361,35 @@ class _Refused(yaml.YAMLError):
 
 class _ConfigLoader(yaml.SafeLoader):
     """YAML as ``safe_load`` reads it, but a key given twice is an error (the second would silently replace
-    the first, a whole section at the top level) and so are more than a few aliases (a "billion laughs"
-    document expands a few lines into gigabytes)."""
+    the first, a whole section at the top level) and so are aliases that expand to more than
+    ``MAX_ALIAS_NODES`` nodes in all (a "billion laughs" document nests aliases to blow a few lines up
+    into gigabytes; a sweep's anchors for repeated settings stay far below it)."""
 
-    aliases = 0
+    expanded = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            self.aliases += 1
-            if self.aliases > MAX_ALIASES:
-                line = self.peek_event().start_mark.line + 1
-                raise _Refused(f"more than {MAX_ALIASES} aliases (*name) at line {line}: write the values out")
-        return super().compose_node(parent, index)
+        alias = self.check_event(yaml.AliasEvent)
+        line = self.peek_event().start_mark.line + 1 if alias else 0
+        node = super().compose_node(parent, index)
+        if alias:
+            self.expanded += _size(node, {})
+            if self.expanded > MAX_ALIAS_NODES:
+                raise _Refused(
+                    f"aliases (*name) expand to more than {MAX_ALIAS_NODES:,} values by line {line}: write the "
+                    "values out"
+                )
+        return node
+
+
+def _size(node: yaml.Node, seen: dict[int, int]) -> int:
+    """How many nodes ``node`` stands for once every alias in it is expanded (shared subtrees counted once
+    each, so a bomb is measured without being expanded)."""
+    if id(node) not in seen:
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        seen[id(node)] = 1 + sum(_size(child, seen) for child in children)
+    return seen[id(node)]
 
 
 def _mapping_without_duplicates(loader: _ConfigLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -386,7 +403,7 @@ def _mapping_without_duplicates(loader: _ConfigLoader, node: yaml.MappingNode, d
 
 
 _ConfigLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
-MAX_ALIASES = 16
+MAX_ALIAS_NODES = 10_000
 
 
 def parse_yaml(text: str, what: str) -> Any:

@@ -184,10 +184,14 @@ class ProbeDiagnostics:
             "init_grad_norm_mean": sum(norms.values()) / max(len(norms), 1),
         }
 
-    @torch.no_grad()
     def __call__(self, arrays: ArrayRecord) -> dict[str, Any]:
         """The metrics of the global model ``arrays`` on the probe batch."""
         load_arrays(self.model, arrays)
+        return self.measure()
+
+    @torch.no_grad()
+    def measure(self) -> dict[str, Any]:
+        """The metrics of the model as it is now (in eval mode) on the probe batch."""
         self.model.eval()
         out: dict[str, Any] = {}
         if self.cfg.features:

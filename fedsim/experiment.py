@@ -73,10 +73,12 @@ def resolve(cfg: RunConfig) -> Experiment:
 @lru_cache(maxsize=8)
 def _resolve(config_json: str) -> Experiment:
     cfg = RunConfig.from_json(config_json)
+    partitioner = PARTITIONERS.resolve(cfg.partition.name, cfg.partition.options, "partition").create()
+    partitioner.check_clients(cfg.train.num_clients)
     return Experiment(
         config=cfg,
         loader=DATASETS.resolve(cfg.data.dataset.name, cfg.data.dataset.options, "data.dataset").create(),
-        partitioner=PARTITIONERS.resolve(cfg.partition.name, cfg.partition.options, "partition").create(),
+        partitioner=partitioner,
         normaliser=NORMS.resolve(cfg.model.norm.name, cfg.model.norm.options, "model.norm").create(),
         model=MODELS.resolve(cfg.model.name, cfg.model.options, "model"),
         strategy=STRATEGIES.resolve(cfg.strategy.name, cfg.strategy.options, "strategy").create(),

@@ -94,8 +94,12 @@ def _split(cfg: RunConfig, loader: DatasetLoader, partitioner: Partitioner) -> F
     # the split depends on (seed, dataset, N, params) only: a fixed stream for the partitioner
     rng = np.random.default_rng([cfg.seed, 0x9A27])
     y_train, y_test = dataset.y_train.numpy(), dataset.y_test.numpy()
+    labels = Labels(y_train, y_test, dataset.num_classes)
+    if dataset.domains is not None and dataset.d_train is not None and dataset.d_test is not None:
+        domains, d_train, d_test = tuple(dataset.domains), dataset.d_train.numpy(), dataset.d_test.numpy()
+        labels = Labels(y_train, y_test, dataset.num_classes, domains, d_train, d_test)
     try:
-        partition = partitioner.split(Labels(y_train, y_test, dataset.num_classes), cfg.train.num_clients, rng)
+        partition = partitioner.split(labels, cfg.train.num_clients, rng)
     except FedsimError:
         raise
     except Exception as err:  # a plugin partitioner's bug: say whose

@@ -8,7 +8,10 @@ One function per figure, each taking runs as :func:`fedsim.rundir.read_run` retu
   ``partition.csv`` (LN-FL Fig. 8 style: a dot per (client, class), area ∝ count);
 - :func:`plot_feature_spectrum`: the singular values of the penultimate features and their
   effective rank over rounds (LN-FL Fig. 3 style), from the ``diagnostics: {features: true}``
-  keys of ``metrics.jsonl``.
+  keys of ``metrics.jsonl``;
+- :func:`plot_local`: a client trained alone from a finished run (``fedsim local``, LN-FL
+  Figs. 2-3): accuracy on its own and on the other classes, feature norm and effective rank,
+  against local steps.
 
 Figures are built with matplotlib's object API (``Figure``, no ``pyplot``): no global backend
 switch and no figure registry to leak from a long-lived process.
@@ -16,15 +19,26 @@ switch and no figure registry to leak from a long-lived process.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fedsim.errors import FedsimError
-from fedsim.rundir import make_dir, read_partition, read_run, varying_keys
+from fedsim.rundir import (
+    LOCAL_JSON,
+    make_dir,
+    read_metrics,
+    read_partition,
+    read_run,
+    seed_groups,
+    short_key,
+    varying_keys,
+)
 
 ACCURACY, LABELS, SPECTRUM = "accuracy.png", "label_distribution.png", "feature_spectrum.png"
+LOCAL = "local.png"
 _DPI = 120
 
 
@@ -39,12 +53,6 @@ def _integer_rounds(ax: Any) -> None:
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
-
-
-def short_key(key: str) -> str:
-    """A config key's label: its last part, or the plugin's for a name (``model.norm.name`` -> norm)."""
-    parts = key.split(".")
-    return parts[-2] if parts[-1] == "name" and len(parts) > 1 else parts[-1]  # strategy.name -> strategy
 
 
 def run_labels(runs: list[dict[str, Any]]) -> list[str]:
@@ -63,24 +71,46 @@ def _series(run: dict[str, Any], key: str) -> list[tuple[int, float]]:
     return [(m["round"], 100 * m[key]) for m in run["metrics"] if m.get(key) is not None]
 
 
-def plot_accuracy(runs: list[dict[str, Any]], path: Path, with_global: bool = False) -> None:
-    """Client-mean accuracy (solid) and, ``with_global``, global-model accuracy (dashed) per round."""
+def plot_accuracy(
+    runs: list[dict[str, Any]], path: Path, with_global: bool = False, over_seeds: bool = False
+) -> None:
+    """Client-mean accuracy (solid) and, ``with_global``, global-model accuracy (dashed) per round.
+
+    ``over_seeds``: one line per group of runs that differ only in their seed (:func:`seed_groups`),
+    the mean over the seeds, shaded ± one standard deviation, at the rounds every member evaluated.
+    """
     fig = _figure(7, 4.5)
     ax = fig.add_subplot()
-    for run, label in zip(runs, run_labels(runs), strict=True):
-        points = _series(run, "client_mean_acc")
-        if not points:
+    if over_seeds:
+        groups = seed_groups(runs)
+    else:
+        groups = {label: [run] for run, label in zip(runs, run_labels(runs), strict=True)}
+    for label, members in groups.items():
+        rounds, mean, std = mean_and_std(members, "client_mean_acc")
+        if not rounds:
             continue
-        (line,) = ax.plot(*zip(*points, strict=True), label=label)
-        glob = _series(run, "global_acc")
-        if with_global and glob:
-            ax.plot(*zip(*glob, strict=True), color=line.get_color(), linestyle="--", linewidth=1)
+        seeds = f" ({len(members)} seeds)" if over_seeds else ""
+        (line,) = ax.plot(rounds, mean, label=label + seeds)
+        if len(members) > 1:
+            ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+        glob_rounds, glob, _ = mean_and_std(members, "global_acc")
+        if with_global and glob_rounds:
+            ax.plot(glob_rounds, glob, color=line.get_color(), linestyle="--", linewidth=1)
     _integer_rounds(ax)
     ax.set_ylabel("accuracy (%)")
-    ax.set_title("client-mean accuracy" + (" (solid) and global-model accuracy (dashed)" if with_global else ""))
+    title = "client-mean accuracy" + (" (solid) and global-model accuracy (dashed)" if with_global else "")
+    ax.set_title(title + (", mean ± std over seeds" if over_seeds else ""), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     fig.savefig(path, dpi=_DPI)
+
+
+def mean_and_std(members: list[dict[str, Any]], key: str) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """Rounds every member has ``key`` at, and the mean and std (population, as the report's) of 100 · value."""
+    series = [dict(_series(run, key)) for run in members]
+    rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
+    values = np.array([[s[r] for r in rounds] for s in series], dtype=float).reshape(len(series), len(rounds))
+    return rounds, values.mean(axis=0), values.std(axis=0)
 
 
 def plot_final_vs(runs: list[dict[str, Any]], key: str, path: Path) -> int:
@@ -191,37 +221,97 @@ def plot_feature_spectrum(runs: list[dict[str, Any]], path: Path) -> int:
     return len(found)
 
 
+def plot_local(continuations: list[Path], path: Path) -> None:
+    """``fedsim local`` continuations against local steps: own-class (solid) and other-class (dashed)
+    accuracy, mean feature norm ‖g_θ(x)‖ and effective rank of the features (LN-FL Figs. 2-3)."""
+    fig = _figure(14, 4.2)
+    acc, norm, erank = (fig.add_subplot(1, 3, i) for i in (1, 2, 3))
+    several_runs = len({local.parent for local in continuations}) > 1
+    for local in continuations:
+        request = json.loads((local / LOCAL_JSON).read_text())
+        lines = read_metrics(local, index="step")
+        label = f"client {request['client']} (classes {request['classes']})"
+        label += "".join(f", {o}" for o in request.get("overrides", []))
+        label = f"{local.parent.name}: {label}" if several_runs else label
+        steps = [m["step"] for m in lines]
+        (line,) = acc.plot(steps, [_percent(m["own_class_acc"]) for m in lines], marker="o", markersize=3,
+                           label=f"{label}, own classes")  # fmt: skip
+        acc.plot(steps, [_percent(m["other_class_acc"]) for m in lines], marker="o", markersize=3, linestyle="--",
+                 color=line.get_color(), label="other classes")  # fmt: skip
+        norm.semilogy(steps, [m.get("feature_norm_mean") or np.nan for m in lines], color=line.get_color())
+        erank.plot(steps, [m.get("feature_erank") or np.nan for m in lines], color=line.get_color())
+    for ax, ylabel, title in (
+        (acc, "test accuracy (%)", "accuracy on the client's own classes (solid) and the others (dashed)"),
+        (norm, "mean ‖g_θ(x)‖", "feature norm (probe batch)"),
+        (erank, "effective rank exp H(σ/Σσ)", "effective rank of the features (probe batch)"),
+    ):
+        ax.set_xlabel("local step")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+    acc.legend(fontsize=7, loc="best")
+    fig.savefig(path, dpi=_DPI)
+
+
+def _percent(value: float | None) -> float:
+    return np.nan if value is None else 100 * value
+
+
 def find_runs(paths: list[str | Path]) -> list[Path]:
     """Run directories: each path itself if it holds a run, else every run directory below it."""
     found: list[Path] = []
-    for p in map(Path, paths):
-        if not p.is_dir():
-            raise FedsimError(f"not a directory: {p}")
-        if (p / "config.yaml").exists():
-            found.append(p)
-        else:
-            found += sorted(c.parent for c in p.rglob("config.yaml"))
-    if not found:
-        raise FedsimError(f"no run directories (config.yaml) in {', '.join(map(str, paths))}")
+    for p in _directories(paths):
+        found += [p] if (p / "config.yaml").exists() else sorted(c.parent for c in p.rglob("config.yaml"))
     return list(dict.fromkeys(found))
 
 
-def write_plots(paths: list[str | Path], out: str | Path) -> tuple[list[Path], list[str]]:
-    """Write every figure the runs have data for into ``out``; returns (files written, notes on skipped ones)."""
+def find_continuations(paths: list[str | Path]) -> list[Path]:
+    """``fedsim local`` output directories (``local.json``): each path itself, or any below it."""
+    found: list[Path] = []
+    for p in _directories(paths):
+        found += sorted(c.parent for c in p.rglob(LOCAL_JSON))
+    return list(dict.fromkeys(found))
+
+
+def _directories(paths: list[str | Path]) -> list[Path]:
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise FedsimError(f"not a directory: {p}")
+    return [Path(p) for p in paths]
+
+
+def write_plots(
+    paths: list[str | Path], out: str | Path, over_seeds: bool = False
+) -> tuple[list[Path], list[str]]:
+    """Write every figure the runs have data for into ``out``; returns (files written, notes on skipped ones).
+
+    ``over_seeds``: the accuracy plot draws runs that differ only in their seed as one mean line with a
+    ± std band."""
     runs = [read_run(p) for p in find_runs(paths)]
+    continuations = find_continuations(paths)
+    if not runs and not continuations:
+        raise FedsimError(
+            f"no run directories (config.yaml) or fedsim local results (local.json) in {', '.join(map(str, paths))}"
+        )
     for run in runs:  # a damaged file stops before any figure is written, not half-way
         if (run["dir"] / "partition.csv").exists():
             read_partition(run["dir"])
     out = Path(out)
     make_dir(out, "--out")
-    written, notes = [out / ACCURACY], []
-    plot_accuracy(runs, out / ACCURACY, with_global=True)
-    if plot_label_distribution(runs, out / LABELS):
-        written.append(out / LABELS)
-    else:
-        notes.append(f"{LABELS}: no partition.csv in these runs")
-    if plot_feature_spectrum(runs, out / SPECTRUM):
-        written.append(out / SPECTRUM)
-    else:
-        notes.append(f"{SPECTRUM}: no feature diagnostics in these runs (set diagnostics.features: true)")
+    written: list[Path] = []
+    notes: list[str] = []
+    if runs:
+        plot_accuracy(runs, out / ACCURACY, with_global=True, over_seeds=over_seeds)
+        written.append(out / ACCURACY)
+        if plot_label_distribution(runs, out / LABELS):
+            written.append(out / LABELS)
+        else:
+            notes.append(f"{LABELS}: no partition.csv in these runs")
+        if plot_feature_spectrum(runs, out / SPECTRUM):
+            written.append(out / SPECTRUM)
+        else:
+            notes.append(f"{SPECTRUM}: no feature diagnostics in these runs (set diagnostics.features: true)")
+    if continuations:
+        plot_local(continuations, out / LOCAL)
+        written.append(out / LOCAL)
     return written, notes

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from fedsim.errors import FedsimError
-from fedsim.plots import plot_accuracy, plot_final_vs, short_key
-from fedsim.rundir import SUMMARY, read_run, varying_keys
+from fedsim.plots import plot_accuracy, plot_final_vs
+from fedsim.rundir import SUMMARY, read_run, seed_groups, short_key, varying_keys
 
 
 def load_runs(root: Path) -> list[dict[str, Any]]:
@@ -41,9 +41,6 @@ def rounds_to(metrics: list[dict[str, Any]], target: float) -> int | None:
 
 def table(runs: list[dict[str, Any]], target: float) -> tuple[list[str], list[list[str]]]:
     keys = varying_keys(runs)
-    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-    for r in runs:
-        groups.setdefault(tuple(str(r["config"].get(k)) for k in keys), []).append(r)
     header = [short_key(k) for k in keys] + [
         "seeds", "rounds", "final client-mean acc %", "best client-mean acc %", "final global acc %",
         f"rounds to {100 * target:.0f}%",
@@ -52,7 +49,8 @@ def table(runs: list[dict[str, Any]], target: float) -> tuple[list[str], list[li
     if with_erank:
         header.append("feature erank")
     rows = []
-    for values, members in groups.items():
+    for members in seed_groups(runs).values():
+        values = [str(members[0]["config"].get(k)) for k in keys]
         s = [m["summary"] for m in members]
         reach = [rounds_to(m["metrics"], target) for m in members]
         reached = [x for x in reach if x is not None]
@@ -87,7 +85,7 @@ def write_report(root: str | Path, target: float = 0.5, vs: str | None = None) -
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(row) + " |" for row in rows]
     (root / "results.md").write_text("\n".join(md) + "\n")
-    plot_accuracy(runs, root / "accuracy.png")
+    plot_accuracy(runs, root / "accuracy.png", over_seeds=True)
     if vs is not None:
         plot_final_vs(runs, vs, root / f"final_vs_{vs.split('.')[-1]}.png")
     return root / "results.md"

@@ -44,6 +44,7 @@ HELD_ENV = "FEDSIM_RUN_DIR_HELD"
 # What a run leaves behind: what a fresh run clears from a killed run's directory
 RUN_FILES = ("config.yaml", "partition.csv", "metrics.jsonl", SUMMARY, "model.pt", CHECKPOINT, PROGRESS, ERROR)
 RUN_DIRS = ("tb", CLIENT_STATE, "deploy")
+LOCAL_JSON = "local.json"  # what `fedsim local` ran, in RUN_DIR/local-<k>/ (fedsim.local)
 
 
 def default_run_dir(cfg: RunConfig) -> Path:
@@ -189,8 +190,9 @@ class RunDir:
             self._tb.close()
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every line of ``metrics.jsonl`` so far (none before the first evaluation)."""
+def read_metrics(run_dir: str | Path, index: str = "round") -> list[dict[str, Any]]:
+    """Every line of ``metrics.jsonl`` so far (none before the first evaluation); each names its ``index``
+    (``round`` in a run, ``step`` in a ``fedsim local`` continuation)."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
@@ -201,8 +203,8 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
                 records.append(json.loads(line))
         except json.JSONDecodeError as err:
             raise FedsimError(f"{path}, line {number}: not a metrics record fedsim writes ({err.msg})") from err
-    if not all(isinstance(r, dict) and "round" in r for r in records):
-        raise FedsimError(f"{path}: a line without a round: not the metrics fedsim writes")
+    if not all(isinstance(r, dict) and index in r for r in records):
+        raise FedsimError(f"{path}: a line without a {index}: not the metrics fedsim writes")
     return records
 
 
@@ -265,6 +267,25 @@ def varying_keys(runs: list[dict[str, Any]]) -> list[str]:
         k for k in keys
         if not k.startswith(_IGNORED) and len({json.dumps(r["config"].get(k)) for r in runs}) > 1
     ]
+
+
+def short_key(key: str) -> str:
+    """A config key's label: its last part, or the plugin's for a name (``model.norm.name`` -> norm)."""
+    parts = key.split(".")
+    return parts[-2] if parts[-1] == "name" and len(parts) > 1 else parts[-1]  # strategy.name -> strategy
+
+
+def seed_groups(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Runs grouped by the config values they differ in (:func:`varying_keys`), seeds pooled: the rows of
+    ``fedsim report`` and the bands of ``fedsim plot --mean-over-seeds``. Keyed by a label naming those
+    values (``strategy=fedavg, norm=ln``; a key a run does not set is left out), in the runs' order."""
+    keys = varying_keys(runs)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        values = [(short_key(k), run["config"].get(k)) for k in keys]
+        label = ", ".join(f"{k}={v}" for k, v in values if v is not None) or "runs"
+        groups.setdefault(label, []).append(run)
+    return groups
 
 
 def read_partition(path: str | Path) -> tuple[list[str], dict[str, np.ndarray]]:

@@ -16,11 +16,15 @@ from fedsim.registry import PluginParams, Registry
 
 @dataclass(frozen=True)
 class Labels:
-    """What a partitioner splits: a dataset's train and test labels (1-D integers in ``range(num_classes)``)."""
+    """What a partitioner splits: a dataset's train and test labels (1-D integers in ``range(num_classes)``),
+    and for a dataset of several domains each sample's domain (integers in ``range(len(domains))``)."""
 
     train: np.ndarray
     test: np.ndarray
     num_classes: int
+    domains: tuple[str, ...] = ()
+    train_domain: np.ndarray | None = None
+    test_domain: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -43,8 +47,16 @@ class Partitioner(ABC):
 
     def split(self, labels: Labels, num_clients: int, rng: np.random.Generator) -> Partition:
         """Every client's train and test indices; inputs no partitioner can split raise :class:`DataError`."""
+        self.check_clients(num_clients)
         check_split_inputs(PARTITIONERS.name_of(type(self)), labels.train, labels.test, num_clients, labels.num_classes)
         return self.assign(labels, num_clients, rng)
+
+    def check_clients(self, num_clients: int) -> None:
+        """Refuse a number of clients this partitioner can split for no dataset (:class:`ConfigError`).
+
+        Called when a config is resolved, before any data is read or any run of a sweep starts.
+        """
+        return None  # most partitioners take any count that check_split_inputs allows
 
     @abstractmethod
     def assign(self, labels: Labels, num_clients: int, rng: np.random.Generator) -> Partition:

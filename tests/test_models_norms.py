@@ -157,6 +157,33 @@ def test_resnet18_param_count() -> None:
     assert n_params(build("resnet18", "bn")) == total + 2 * (64 + 4 * (64 + 128 + 256 + 512))
 
 
+def test_resnet18_inner_sites_normalise_only_inside_each_block() -> None:
+    """LN-FL Table 13: block(x) = ρ(x + A₂ n ρ A₁ x), n at the inner site only, FN on the feature."""
+    model = build("resnet18", "fn", norm_options={"inside": "ln"}, norm_sites="inner")
+    found = dict(norm_modules(model))
+    assert list(found) == [f"blocks.{i}.norm1" for i in range(8)] + ["feature_norm"]
+    assert all(isinstance(found[f"blocks.{i}.norm1"], nn.GroupNorm) for i in range(8))
+    assert isinstance(found["feature_norm"], FeatureNorm)
+    assert all(isinstance(m, nn.Identity) for m in (model.norm1, *(b.norm2 for b in model.blocks)))
+    # one block by hand: ρ(x + A₂ n(ρ(A₁ x))), identity shortcut
+    block, x = model.blocks[0], torch.randn(2, 64, 8, 8)
+    by_hand = F.relu(x + block.conv2(F.group_norm(F.relu(block.conv1(x)), 1, block.norm1.weight, block.norm1.bias)))
+    torch.testing.assert_close(block(x), by_hand)
+    # LN adds 2 x 64 + ... affine parameters at the 8 inner sites only: half the per-block count of `ln`
+    inner = 2 * (2 * 64 + 2 * 128 + 2 * 256 + 2 * 512)
+    assert n_params(model) == n_params(build("resnet18", "none")) + inner
+    scale = dict(norm_modules(build("resnet18", "fn", norm_options={"inside": "scale"}, norm_sites="inner")))
+    assert len(scale) == 9 and all(isinstance(m, FeatureNorm) for m in scale.values())  # "FedFN - n inside"
+
+
+def test_norm_sites_is_a_resnet_option() -> None:
+    assert len(dict(norm_modules(build("resnet18", "ln")))) == 17  # norm_sites: all, the default
+    with pytest.raises(ConfigError, match=r"model\.norm_sites = 'outer' for model 'resnet18'"):
+        build("resnet18", "ln", norm_sites="outer")
+    with pytest.raises(ConfigError, match=r"model\.norm_sites: unknown key for model 'cnn'"):
+        build("cnn", "ln", norm_sites="inner")
+
+
 def test_mlp_param_count() -> None:
     assert n_params(build("mlp", "none")) == 3072 * 200 + 200 * 200 + 200 * 10
     assert n_params(build("mlp", "ln", in_shape=MNIST, hidden=[50])) == 784 * 50 + 2 * 50 + 50 * 10

@@ -43,11 +43,19 @@ EXPECTED: dict[str, tuple[int, str, set[int], set[int], set[float]]] = {
     "table14_seeds.yaml": (24, "imagefolder", {10}, {10}, {0.01}),
     "fig5_beta.yaml": (18, "imagefolder", {10}, {10}, {0.01}),
     "fig7_lr.yaml": (15, "imagefolder", {10}, {10}, {0.001, 0.003, 0.01, 0.03, 0.1}),
+    "table5_pacs.yaml": (15, "pacs", {12}, {10}, {0.001}),
+    "table13_inner_site.yaml": (12, "imagefolder", {10}, {10}, {0.01}),
+    "fig4_centralised.yaml": (6, "imagefolder", {10, 1}, {10}, {0.01}),
+    "fig6_centralised_norms.yaml": (5, "imagefolder", {1}, {1000}, {0.001}),
 }
+# Centralised training (LN-FL App. D): Fig. 4 feeds the federation's data per round (batch 320 = 10 x 32),
+# Fig. 6 trains with momentum 0.9 in long rounds (no optimiser state crosses rounds).
+CENTRALISED = {"fig4_centralised.yaml": (10000, 320, 0.0), "fig6_centralised_norms.yaml": (100, 32, 0.9)}
 DEFAULT_ROOTS = {
     "imagefolder": CIFAR_Q75,
     "cifar100": SHARED,
     "tinyimagenet": SHARED / "tiny-imagenet-200.zip",
+    "pacs": SHARED / "PACS",
 }
 
 
@@ -64,7 +72,9 @@ def test_paper_sweep_plans_at_the_paper_budget(name: str) -> None:
     assert out == Path("runs/paper") / sweep["name"] and len(cells) == runs
     for cname, cfg in cells:
         assert cfg.output.run_dir == str(out / cname)
-        assert (cfg.train.rounds, cfg.train.batch_size, cfg.train.momentum, cfg.train.weight_decay) == (10000, 32, 0, 0)
+        budget = CENTRALISED[name] if cfg.partition.name == "centralised" else (10000, 32, 0.0)
+        assert (cfg.train.rounds, cfg.train.batch_size, cfg.train.momentum, cfg.train.weight_decay) == (*budget, 0)
+        assert (cfg.partition.name == "centralised") == (cfg.train.num_clients == 1)
         assert cfg.train.clients_per_round is None and cfg.train.local_epochs is None  # full participation, K steps
         assert (cfg.data.augment, cfg.data.normalize, cfg.data.download) == (True, False, False)
         assert cfg.data.dataset.name == dataset and Path(cfg.data.root) == DEFAULT_ROOTS[dataset].resolve()
@@ -79,10 +89,51 @@ def test_paper_sweep_plans_at_the_paper_budget(name: str) -> None:
             assert (p.name, p.options.get("classes_per_client", p.options.get("beta")), cfg.train.num_clients) in (
                 CIFAR100_SETTINGS
             )
+        if name == "table13_inner_site.yaml":  # Table 13: inner-site rows are FN + a normaliser inside each block
+            inner = cfg.model.options.get("norm_sites") == "inner"
+            assert cfg.model.name == "resnet18" and inner == ("inside" in cfg.model.norm.options)
+            assert (cfg.model.norm.name, cfg.model.norm.options.get("inside")) in (
+                {("fn", "ln"), ("fn", "scale")} if inner else {("ln", None), ("fn", None)}
+            )
+        if dataset == "pacs":  # Table 5: each domain split among 3 of the 12 clients
+            assert cfg.partition.name == "domains" and cfg.partition.options["clients_per_domain"] == 3
+            assert cfg.model.name == "resnet18"
         if name == "table11_cifar100_local_steps.yaml":
             assert cfg.train.lr == (0.1 if cfg.train.local_steps == 1 else 0.01)
     if dataset == "imagefolder" and CIFAR_Q75.exists():  # CIFAR-10: the offline copy is what it reads
         assert all(Path(cfg.data.root).is_file() for _, cfg in cells)
+
+
+TABLES = REPO / "configs" / "tables"
+
+
+@pytest.mark.parametrize("path", sorted(TABLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_measured_table_plans_and_scores_fedbn_as_lnfl(path: Path) -> None:
+    _, cells = plan(path)
+    assert cells and all(cfg.data.dataset.name == "imagefolder" for _, cfg in cells)
+    fedbn = [cfg.strategy.options for _, cfg in cells if cfg.strategy.name == "fedbn"]
+    # Beside LN-FL's FedBN number only the shared model's score belongs (LN-FL reports FedBN that way);
+    # a personalised score is a cell of its own, named so.
+    assert all("evaluate" in options for options in fedbn)
+    assert not fedbn or {"evaluate": "shared"} in fedbn
+
+
+def test_the_headline_table_is_the_200_round_three_seed_sweep() -> None:
+    out, cells = plan(TABLES / "headline_200rounds.yaml")
+    assert out == Path("runs/sweeps/headline-200rounds") and len(cells) == 27
+    methods: dict[int, set[tuple[str, str]]] = {1: set(), 2: set()}
+    for _, cfg in cells:
+        assert (cfg.train.rounds, cfg.eval.every, cfg.train.num_clients, cfg.train.local_steps) == (200, 10, 10, 10)
+        assert (cfg.train.batch_size, cfg.train.lr, cfg.data.augment, cfg.model.name) == (32, 0.01, True, "cnn")
+        assert (cfg.simulation.backend, cfg.simulation.threads) == ("ray", 1)
+        assert cfg.partition.name == "n_class" and "assign" not in cfg.partition.options  # LN-FL's draw
+        methods[cfg.partition.options["classes_per_client"]].add((cfg.strategy.name, cfg.model.norm.name))
+    assert sorted(cfg.seed for _, cfg in cells) == [0] * 9 + [1] * 9 + [2] * 9
+    assert methods[1] == {("fedavg", n) for n in ("none", "ln", "fn", "gn")} | {
+        ("fedyogi", "none"),
+        ("fedyogi", "ln_reduced"),  # Table 12's FedLN + Yogi (table12_yogi.yaml)
+    }
+    assert methods[2] == {("fedavg", n) for n in ("none", "ln", "fn")}
 
 
 @pytest.mark.parametrize(
@@ -90,6 +141,8 @@ def test_paper_sweep_plans_at_the_paper_budget(name: str) -> None:
     [
         ("table1_cifar100.yaml", "cifar100", "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"),
         ("table1_tinyimagenet.yaml", "tinyimagenet", "http://cs231n.stanford.edu/tiny-imagenet-200.zip"),
+        ("table5_pacs.yaml", "pacs", "PACS not found at"),
+        ("table5_pacs.yaml", "pacs", "get it from https://domaingeneralization.github.io/#data"),
     ],
 )
 def test_missing_dataset_fails_before_training_saying_where_and_how(

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
+import random
+
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from fedsim.errors import DataError
+from fedsim.errors import ConfigError, DataError
 from fedsim.partitions import PARTITIONERS, Labels, Partition, class_counts
 
 C = 10
@@ -39,7 +42,7 @@ def mean_max_class_share(part: Partition) -> float:
 
 
 def test_registry_and_class_counts() -> None:
-    assert {"dirichlet", "iid", "n_class"} <= set(PARTITIONERS.names())
+    assert {"centralised", "dirichlet", "iid", "n_class"} <= set(PARTITIONERS.names())
     labels = np.array([0, 0, 1, 2, 2, 2])
     counts = class_counts(labels, [np.array([0, 3]), np.array([], dtype=np.int64), np.array([1, 2, 4, 5])], 3)
     np.testing.assert_array_equal(counts, [[1, 0, 1], [0, 0, 0], [1, 1, 2]])
@@ -73,10 +76,15 @@ def test_iid_assigns_every_sample_once_evenly(seed: int, num_clients: int) -> No
 
 
 @FAST
-@given(seed=SEEDS, num_clients=st.integers(1, 40), k=st.integers(1, C))
-def test_n_class_exact_k_classes_balanced_usage(seed: int, num_clients: int, k: int) -> None:
+@given(
+    seed=SEEDS,
+    num_clients=st.integers(1, 40),
+    k=st.integers(1, C),
+    assign=st.sampled_from([{"assign": "random"}, {"assign": "random", "max_draws": 1}, {"assign": "cyclic"}]),
+)
+def test_n_class_exact_k_classes_balanced_usage(seed: int, num_clients: int, k: int, assign: dict[str, object]) -> None:
     assume(num_clients * k >= C)  # every class is used, so every sample is assigned
-    part = split("n_class", num_clients, seed, classes_per_client=k)
+    part = split("n_class", num_clients, seed, classes_per_client=k, **assign)
     assert_exact_cover(part.train, len(TRAIN))
     assert_exact_cover(part.test, len(TEST))
     held = class_counts(TRAIN, part.train, C) > 0
@@ -85,7 +93,7 @@ def test_n_class_exact_k_classes_balanced_usage(seed: int, num_clients: int, k: 
     assert usage.max() - usage.min() <= 1
     divisible = num_clients * k % C == 0
     assert (usage.min() == usage.max()) == divisible
-    assert (part.note == "") == divisible
+    assert ("does not divide" in part.note) == (not divisible)
     # Test data: each holder gets an equal share of the class's test samples, nothing elsewhere.
     test_counts = class_counts(TEST, part.test, C)
     assert np.all(test_counts[~held] == 0)
@@ -114,6 +122,90 @@ def test_n_class_too_few_clients_leaves_classes_unused_and_says_so() -> None:
     assert "unused" in part.note and "does not divide" in part.note
 
 
+# LN-FL's class draw, written from its description (issue 13; LN-FL's released code, generate_part):
+# client by client, k classes uniformly without replacement among the classes that still have room
+# (each class has room for N*k/C clients); a client that finds fewer than k fails the draw, which is
+# then repeated ("just repeat if it fails").
+def lnfl_class_sets(num_clients: int, k: int, rnd: random.Random) -> list[frozenset[int]]:
+    while True:
+        room = dict.fromkeys(range(C), num_clients * k // C)
+        sets: list[frozenset[int]] = []
+        for _ in range(num_clients):
+            open_ = sorted(c for c, r in room.items() if r > 0)
+            if len(open_) < k:
+                break
+            chosen = frozenset(rnd.sample(open_, k))
+            for c in chosen:
+                room[c] -= 1
+            sets.append(chosen)
+        else:
+            return sets
+
+
+def set_statistics(sets: list[frozenset[int]]) -> tuple[int, int, int]:
+    """(distinct class sets, client pairs sharing one class, client pairs sharing two)."""
+    overlaps = [len(a & b) for a, b in itertools.combinations(sets, 2)]
+    return len(set(sets)), overlaps.count(1), overlaps.count(2)
+
+
+def fedsim_class_sets(seed: int, **params: object) -> list[frozenset[int]]:
+    held = class_counts(TRAIN, split("n_class", 10, seed, classes_per_client=2, **params).train, C) > 0
+    return [frozenset(np.flatnonzero(row).tolist()) for row in held]
+
+
+def looks_like_lnfl(sample: np.ndarray, reference: np.ndarray) -> tuple[float, float, float]:
+    """Chi-square of the distinct-set counts (<= 8, 9, 10; 2 d.o.f.) and z-scores of the mean numbers
+    of pairs sharing one and two classes, of ``sample`` (one row per seed) against ``reference``."""
+    bins = [np.clip(sample[:, 0], 8, 10), np.clip(reference[:, 0], 8, 10)]
+    expected = np.array([np.mean(bins[1] == b) for b in (8, 9, 10)]) * len(sample)
+    observed = np.array([np.sum(bins[0] == b) for b in (8, 9, 10)])
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    z = [
+        float((sample[:, j].mean() - reference[:, j].mean()) / (reference[:, j].std() / np.sqrt(len(sample))))
+        for j in (1, 2)
+    ]
+    return chi2, z[0], z[1]
+
+
+def test_n_class_draw_has_lnfl_statistics_over_100_seeds() -> None:
+    """N = C = 10, k = 2: class sets overlap and are mostly all different, as LN-FL draws them."""
+    rnd = random.Random(20240613)
+    reference = np.array([set_statistics(lnfl_class_sets(10, 2, rnd)) for _ in range(20_000)])
+    # LN-FL: about 70% of draws give ten different pairs, about 1 in 20 has eight or fewer.
+    assert 0.67 < np.mean(reference[:, 0] == 10) < 0.72
+    ours = np.array([set_statistics(fedsim_class_sets(seed)) for seed in range(100)])
+    chi2, z1, z2 = looks_like_lnfl(ours, reference)
+    # chi-square 13.8 is the 0.1% point for 2 d.o.f.; |z| < 4 likewise generous: the seeds are fixed, so
+    # this passes or fails the same way on every machine.
+    assert chi2 < 13.8 and abs(z1) < 4 and abs(z2) < 4, (chi2, z1, z2)
+    # The same check rejects the round-robin deal: five pairs, each held twice, on every seed.
+    cyclic = np.array([set_statistics(fedsim_class_sets(seed, assign="cyclic")) for seed in range(100)])
+    assert set(cyclic[:, 0]) == {5} and set(cyclic[:, 2]) == {5}
+    chi2, z1, z2 = looks_like_lnfl(cyclic, reference)
+    assert chi2 > 100 and z2 > 10
+
+
+def test_n_class_repair_completes_stuck_draws_deterministically() -> None:
+    # k = 5 of 10 classes: LN-FL's draw gets stuck on about 92% of tries; max_draws=1 forces the repair.
+    notes = []
+    for seed in range(20):
+        part = split("n_class", 10, seed, classes_per_client=5, max_draws=1)
+        again = split("n_class", 10, seed, classes_per_client=5, max_draws=1)
+        for a, b in zip(part.train, again.train, strict=True):
+            np.testing.assert_array_equal(a, b)
+        held = class_counts(TRAIN, part.train, C) > 0
+        assert held.sum(axis=1).tolist() == [5] * 10 and held.sum(axis=0).tolist() == [5] * 10
+        notes.append(part.note)
+    assert sum("completed by moving classes" in n for n in notes) >= 10
+
+
+def test_n_class_cyclic_is_the_round_robin_deal() -> None:
+    part = split("n_class", 10, seed=0, classes_per_client=2, assign="cyclic")
+    sets = [tuple(np.flatnonzero(row)) for row in class_counts(TRAIN, part.train, C) > 0]
+    assert sets[:5] == sets[5:] and len(set(sets)) == 5  # five disjoint pairs, each held by two clients
+    assert sorted(c for pair in sets[:5] for c in pair) == list(range(C))
+
+
 @pytest.mark.parametrize("k", [11, 25])
 def test_n_class_k_above_num_classes_raises(k: int) -> None:
     with pytest.raises(DataError, match=rf"classes_per_client={k}.*1\.\.{C}"):
@@ -124,6 +216,22 @@ def test_n_class_more_chunks_than_samples_raises() -> None:
     train = np.concatenate([[0, 0], np.repeat(np.arange(1, C), 100)])  # class 0 has 2 samples
     with pytest.raises(DataError, match="class 0 has 2 train samples but 5 clients"):
         split("n_class", 5, seed=0, train=train, classes_per_client=C)
+
+
+# --- centralised -------------------------------------------------------------------------------
+
+
+def test_centralised_is_one_client_with_everything() -> None:
+    part = split("centralised", 1, seed=0)
+    np.testing.assert_array_equal(part.train[0], np.arange(len(TRAIN)))
+    np.testing.assert_array_equal(part.test[0], np.arange(len(TEST)))
+    assert part.train[0].dtype == part.test[0].dtype == np.int64 and part.note == ""
+
+
+@pytest.mark.parametrize("num_clients", [2, 10])
+def test_centralised_refuses_more_than_one_client(num_clients: int) -> None:
+    with pytest.raises(ConfigError, match=rf"train\.num_clients must be 1, got {num_clients}"):
+        split("centralised", num_clients, seed=0)
 
 
 # --- Dirichlet ---------------------------------------------------------------------------------

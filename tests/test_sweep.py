@@ -62,6 +62,20 @@ def test_sweep_runs_grid_skips_finished_and_reports(tmp_path: Path) -> None:
     assert (out / "accuracy.png").stat().st_size > 10_000
     assert (out / "results.md").read_text().startswith("| norm | seeds |")
 
+    # the same groups, as mean ± std bands over the seeds (fedsim plot --mean-over-seeds, the report's plot)
+    from fedsim.plots import mean_and_std
+    from fedsim.report import load_runs
+    from fedsim.rundir import seed_groups
+
+    groups = seed_groups(load_runs(out))
+    assert list(groups) == ["norm=ln", "norm=none"] and all(len(m) == 2 for m in groups.values())
+    rounds, mean, std = mean_and_std(groups["norm=ln"], "client_mean_acc")
+    last = [100 * r["metrics"][-1]["client_mean_acc"] for r in groups["norm=ln"]]
+    assert rounds == [1, 2] and mean[-1] == pytest.approx(sum(last) / 2)
+    assert std[-1] == pytest.approx(abs(last[0] - last[1]) / 2)
+    assert main(["plot", str(out), "--mean-over-seeds", "--out", str(tmp_path / "plots")]) == 0
+    assert (tmp_path / "plots" / "accuracy.png").stat().st_size > 10_000
+
 
 def test_report_plots_final_accuracy_against_a_swept_key(tmp_path: Path) -> None:
     from fedsim.errors import FedsimError

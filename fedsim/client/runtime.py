@@ -107,15 +107,20 @@ class ClientRuntime:
         data, t = self.data(pid), self.cfg.train
         info = RoundInfo(server_round, pid, t.local_steps, t.local_epochs, t.lr, data.class_counts)
         seed = round_seed(self.cfg.seed, server_round, pid)
-        gen = torch.Generator(device=self.device).manual_seed(seed)
         seed_norm_noise(model, seed)  # ln_randomized's noise: per client and round, any process
-        stream = BatchStream(
-            data.x_train, data.y_train, t.batch_size, gen, augment=self.cfg.data.augment,
-            normalize=self.to_inputs.stats, device=self.device,
-        )  # fmt: skip
+        stream = self.stream(pid, seed)
         hooks.load_global(model, msg.content.array_records[wire.ARRAYS], context.state)
         hooks.begin_round(model, msg.content, context.state, info)
         return ClientRound(model, hooks, stream, info)
+
+    def stream(self, pid: int, seed: int) -> BatchStream:
+        """Client ``pid``'s training batches (the run's batch size and augmentation), drawn from ``seed``."""
+        data = self.data(pid)
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        return BatchStream(
+            data.x_train, data.y_train, self.cfg.train.batch_size, gen, augment=self.cfg.data.augment,
+            normalize=self.to_inputs.stats, device=self.device,
+        )  # fmt: skip
 
     def reply(self, work: ClientRound, msg: Message, context: Context, result: TrainResult) -> Message:
         reply = work.hooks.end_round(work.model, context.state, work.info, result.steps)

@@ -61,15 +61,24 @@ def own_forward(model: FedsimModel) -> Forward:
     return forward
 
 
+# Called after each step with the steps taken so far and each client's loss of that step
+AfterStep = Callable[[int, torch.Tensor], None]
+
+
 def train_local(
-    clients: Sequence[ClientRound], optimizer: torch.optim.Optimizer, forward: Forward | None = None
+    clients: Sequence[ClientRound],
+    optimizer: torch.optim.Optimizer,
+    forward: Forward | None = None,
+    after_step: AfterStep | None = None,
 ) -> list[TrainResult]:
     """Run the round's local work of every client: K mini-batch steps (or whole epochs) of SGD with the hooks.
 
     One client trains on its model's own forward. Several train together when ``forward`` computes
     all of them at once (vmap over their stacked parameters): their losses are summed and share no
     parameter, so every client's gradient, hooks and SGD update are its own; ``optimizer`` holds
-    every client's parameters. Clients training together take equal step counts.
+    every client's parameters. Clients training together take equal step counts. ``after_step``
+    observes the models between steps (``fedsim local`` scores them there); it may switch them to
+    eval mode, training resumes in train mode.
     """
     if forward is None:
         (only,) = clients
@@ -89,6 +98,10 @@ def train_local(
         optimizer.step()
         totals += losses.detach()
         steps += 1
+        if after_step is not None:
+            after_step(steps, losses.detach())
+            for work in clients:
+                work.model.train()
     # a NaN / inf loss is reported, not raised: the server stops the run whatever its failure policy
     return [
         TrainResult(num_examples=steps * work.stream.batch_size, steps=steps, mean_loss=total / max(steps, 1))

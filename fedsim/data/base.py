@@ -50,7 +50,11 @@ DATASETS: Registry[DatasetLoader] = Registry("datasets", DatasetLoader)
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensors have no single truth value
 class ArrayDataset:
-    """Train and test splits as uint8 N x C x H x W images and int64 labels in ``range(len(classes))``."""
+    """Train and test splits as uint8 N x C x H x W images and int64 labels in ``range(len(classes))``.
+
+    A dataset of several domains (PACS: photo, art painting, cartoon, sketch) also records each
+    image's domain, int64 in ``range(len(domains))``, which the ``domains`` partitioner splits by.
+    """
 
     x_train: torch.Tensor
     y_train: torch.Tensor
@@ -58,6 +62,9 @@ class ArrayDataset:
     y_test: torch.Tensor
     classes: list[str]
     name: str
+    domains: list[str] | None = None
+    d_train: torch.Tensor | None = None
+    d_test: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         # Loaders may be third-party plugins: catch a malformed dataset here, before any training.
@@ -78,11 +85,28 @@ class ArrayDataset:
                     f"dataset {self.name!r}: y_{split} has labels in [{int(y.min())}, {int(y.max())}] "
                     f"but there are {len(self.classes)} classes"
                 )
+        self._check_domains()
         if self.x_train.shape[1:] != self.x_test.shape[1:]:
             raise DataError(
                 f"dataset {self.name!r}: train images are {tuple(self.x_train.shape[1:])} "
                 f"but test images are {tuple(self.x_test.shape[1:])}"
             )
+
+    def _check_domains(self) -> None:
+        given = [v is not None for v in (self.domains, self.d_train, self.d_test)]
+        if not any(given):
+            return
+        if not all(given):
+            raise DataError(f"dataset {self.name!r}: give domains, d_train and d_test together, or none of them")
+        num_domains = len(self.domains or [])
+        for split, d, x in (("train", self.d_train, self.x_train), ("test", self.d_test, self.x_test)):
+            assert d is not None  # checked above; narrows the type
+            out_of_range = len(d) > 0 and (int(d.min()) < 0 or int(d.max()) >= num_domains)
+            if d.dtype != torch.int64 or d.shape != (len(x),) or out_of_range:
+                raise DataError(
+                    f"dataset {self.name!r}: d_{split} must be int64 of shape ({len(x)},) in 0..{num_domains - 1}, "
+                    f"got {d.dtype} of shape {tuple(d.shape)}"
+                )
 
     @property
     def num_classes(self) -> int:

@@ -45,11 +45,11 @@ def load_imagefolder(root: Path, cache_dir: Path) -> ArrayDataset:
     root = root.resolve()
     if not root.exists():
         raise DataError(
-            f"imagefolder dataset {_dataset_name(root)!r}: nothing at {root}; set data.root to a directory or "
+            f"imagefolder dataset {dataset_name(root)!r}: nothing at {root}; set data.root to a directory or "
             f".tar(.gz) / .zip archive holding train/<class>/<image> and test/<class>/<image> (.jpg or .png, "
             f"all one size, optionally inside one top-level folder)"
         )
-    return load_cached(root, cache_dir, f"imagefolder-{_dataset_name(root)}", _decode, _dataset_name(root))
+    return load_cached(root, cache_dir, f"imagefolder-{dataset_name(root)}", _decode, dataset_name(root))
 
 
 def load_cached(root: Path, cache_dir: Path, prefix: str, decode: Callable[[Path], Arrays], name: str) -> ArrayDataset:
@@ -59,21 +59,27 @@ def load_cached(root: Path, cache_dir: Path, prefix: str, decode: Callable[[Path
     if arrays is None:
         arrays = decode(root)
         _write_cache(cache, arrays)
-    x_train, y_train, x_test, y_test, classes = arrays
+    domains = arrays.get("domains")
     return ArrayDataset(
-        x_train=torch.from_numpy(x_train),
-        y_train=torch.from_numpy(y_train),
-        x_test=torch.from_numpy(x_test),
-        y_test=torch.from_numpy(y_test),
-        classes=[str(c) for c in classes.tolist()],
+        x_train=torch.from_numpy(arrays["x_train"]),
+        y_train=torch.from_numpy(arrays["y_train"]),
+        x_test=torch.from_numpy(arrays["x_test"]),
+        y_test=torch.from_numpy(arrays["y_test"]),
+        classes=[str(c) for c in arrays["classes"].tolist()],
         name=name,
+        domains=None if domains is None else [str(d) for d in domains.tolist()],
+        d_train=None if domains is None else torch.from_numpy(arrays["d_train"]),
+        d_test=None if domains is None else torch.from_numpy(arrays["d_test"]),
     )
 
 
-Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+# x_train, y_train, x_test, y_test, classes; and domains, d_train, d_test for a dataset of domains
+Arrays = dict[str, np.ndarray]
+REQUIRED = ("x_train", "y_train", "x_test", "y_test", "classes")
 
 
-def _dataset_name(root: Path) -> str:
+def dataset_name(root: Path) -> str:
+    """A dataset's name from its folder or archive: the file name without .tar(.gz) / .tgz / .zip."""
     name = root.name
     for suffix in (".tar.gz", ".tgz", ".tar", ".zip"):
         if name.endswith(suffix):
@@ -103,20 +109,20 @@ def _read_cache(path: Path) -> Arrays | None:
         return None
     try:
         with np.load(path, allow_pickle=False) as npz:
-            return tuple(npz[k] for k in ("x_train", "y_train", "x_test", "y_test", "classes"))  # type: ignore[return-value]
+            arrays = {k: npz[k] for k in npz.files}
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None  # unreadable cache (e.g. another fedsim version's): decode again and overwrite it
+    return arrays if all(k in arrays for k in REQUIRED) else None
 
 
 def _write_cache(path: Path, arrays: Arrays) -> None:
-    keys = ("x_train", "y_train", "x_test", "y_test", "classes")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
         try:
             # Uncompressed: a cache hit is then a plain read (0.2-2 s for CIFAR-10), not an inflate.
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, **dict(zip(keys, arrays, strict=True)))
+                np.savez(f, **arrays)
             os.replace(tmp, path)  # readers never see a half-written cache
         except BaseException:
             os.unlink(tmp)
@@ -191,20 +197,26 @@ class ImageDecoder:
     Measured on the CIFAR-10 q75 archive (60k 32x32 JPEGs, 2 cores): Pillow ~7-9 s, the tar
     stream ~4-5 s. Not taken: ``torchvision.io.decode_jpeg`` (pixel-identical, 3 s, but deprecated
     since torchvision 0.29) and a process pool of decoders (measured slower on 2 cores).
+    ``size`` resizes every image to size x size (bilinear, antialiased) as it is decoded; an image's
+    ``domain`` (``add``), when given, is kept beside its label.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, size: int | None = None) -> None:
         self.root = root
+        self.size = size
         self.images: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
-        self.meta: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}  # (class, member)
+        self.meta: dict[str, list[tuple[str, str, str]]] = {s: [] for s in SPLITS}  # (class, member, domain)
         self.shape: tuple[int, ...] | None = None
         self.first = ""
 
-    def add(self, split: str, cls: str, member: str, data: bytes) -> None:
+    def add(self, split: str, cls: str, member: str, data: bytes, domain: str = "") -> None:
         try:
             # formats=...: skip probing Pillow's other plugins (~10% of the per-image cost)
             with Image.open(io.BytesIO(data), formats=PIL_FORMATS) as im:
-                img = np.array(im.convert("RGB") if im.mode != "RGB" else im)  # H x W x 3 uint8
+                rgb = im.convert("RGB") if im.mode != "RGB" else im
+                if self.size is not None:
+                    rgb = rgb.resize((self.size, self.size), Image.Resampling.BILINEAR, reducing_gap=None)
+                img = np.array(rgb)  # H x W x 3 uint8
         except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as err:
             raise DataError(f"imagefolder dataset {self.root}: cannot decode {member}: {err}") from err
         if self.shape is None:
@@ -216,7 +228,7 @@ class ImageDecoder:
                 f"(resize them first)"
             )
         self.images[split].append(img)
-        self.meta[split].append((cls, member))
+        self.meta[split].append((cls, member, domain))
 
     def finish(self) -> Arrays:
         for split in SPLITS:
@@ -225,18 +237,24 @@ class ImageDecoder:
                     f"imagefolder dataset {self.root}: no {split} images; expected "
                     f"{split}/<class>/<image>.jpg|.png (optionally inside one top-level folder)"
                 )
-        classes = sorted({cls for cls, _ in self.meta["train"]})
-        unknown = sorted({cls for cls, _ in self.meta["test"]} - set(classes))
+        classes = sorted({cls for cls, _, _ in self.meta["train"]})
+        unknown = sorted({cls for cls, _, _ in self.meta["test"]} - set(classes))
         if unknown:
             raise DataError(f"imagefolder dataset {self.root}: test classes {unknown} have no train/ folder")
         label = {cls: i for i, cls in enumerate(classes)}
-        out: list[np.ndarray] = []
+        domains = sorted({d for split in SPLITS for _, _, d in self.meta[split]})
+        arrays: Arrays = {"classes": np.array(classes, dtype=np.str_)}
         for split in SPLITS:
             # Canonical order (label, path): the arrays do not depend on the archive's member order.
-            keys = [(label[cls], member) for cls, member in self.meta[split]]
+            keys = [(label[cls], member) for cls, member, _ in self.meta[split]]
             order = sorted(range(len(keys)), key=keys.__getitem__)
             imgs = self.images[split]
             # N x H x W x C -> contiguous N x C x H x W, the layout the batch path slices
-            out.append(np.ascontiguousarray(np.stack([imgs[i] for i in order]).transpose(0, 3, 1, 2)))
-            out.append(np.array([keys[i][0] for i in order], dtype=np.int64))
-        return out[0], out[1], out[2], out[3], np.array(classes, dtype=np.str_)
+            arrays[f"x_{split}"] = np.ascontiguousarray(np.stack([imgs[i] for i in order]).transpose(0, 3, 1, 2))
+            arrays[f"y_{split}"] = np.array([keys[i][0] for i in order], dtype=np.int64)
+            if domains != [""]:
+                index = {d: i for i, d in enumerate(domains)}
+                arrays[f"d_{split}"] = np.array([index[self.meta[split][i][2]] for i in order], dtype=np.int64)
+        if domains != [""]:
+            arrays["domains"] = np.array(domains, dtype=np.str_)
+        return arrays

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from pydantic import Field
 from torch import nn
 
 from fedsim.models.base import MODELS, FedsimModel, act_norm
@@ -15,11 +18,12 @@ class BasicBlock(nn.Module):
     """conv3x3 -> act -> norm1 -> conv3x3 -> (+ shortcut) -> act -> norm2.
 
     The norm follows each activation, including the one after the residual add, so a
-    normaliser's ``conv`` site sits where LN-FL inserts it.
+    normaliser's ``conv`` site sits where LN-FL inserts it. ``norm_sites: inner`` keeps only
+    norm1, the site inside the residual branch (LN-FL Table 13: block(x) = ρ(x + A₂ n ρ A₁ x)).
     """
 
     def __init__(
-        self, params: FedsimModel.Params, act: nn.Module, normaliser: Normaliser, c_in: int, c_out: int, stride: int
+        self, params: ResNet18.Params, act: nn.Module, normaliser: Normaliser, c_in: int, c_out: int, stride: int
     ) -> None:
         super().__init__()
         bias = params.bias
@@ -27,7 +31,7 @@ class BasicBlock(nn.Module):
         self.conv1 = normaliser.conv(c_in, c_out, 3, stride, 1, bias)
         self.norm1 = normaliser.make("conv", c_out)
         self.conv2 = normaliser.conv(c_out, c_out, 3, 1, 1, bias)
-        self.norm2 = normaliser.make("conv", c_out)
+        self.norm2 = normaliser.make("conv", c_out) if params.norm_sites == "all" else nn.Identity()
         # 1x1 projection only when the shape changes (torchvision's option B), without a norm:
         # with norms after activations there is no activation on the shortcut to follow.
         self.shortcut = (
@@ -43,10 +47,19 @@ class BasicBlock(nn.Module):
 class ResNet18(FedsimModel):
     """ResNet-18, CIFAR stem (conv3x3, stride 1, no maxpool), norm after each activation (LN-FL App. C.1)."""
 
+    class Params(FedsimModel.Params):
+        norm_sites: Literal["all", "inner"] = Field(
+            "all",
+            description="conv sites that get the normaliser: after every activation, or only inside each block's "
+            "residual branch (LN-FL Table 13; the stem's and the post-addition sites are then Identity)",
+        )
+
+    params: Params
+
     def build(self, normaliser: Normaliser) -> None:
         bias = self.params.bias
         self.conv1 = normaliser.conv(self.in_shape[0], _WIDTHS[0], 3, 1, 1, bias)
-        self.norm1 = normaliser.make("conv", _WIDTHS[0])
+        self.norm1 = normaliser.make("conv", _WIDTHS[0]) if self.params.norm_sites == "all" else nn.Identity()
         blocks: list[nn.Module] = []
         c_in = _WIDTHS[0]
         for stage, (width, depth) in enumerate(zip(_WIDTHS, _DEPTHS, strict=True)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -68,16 +69,26 @@ class FN(Normaliser):
     """Feature norm: √d·x / max(ε, ‖x‖) on the classifier's input only (LN-FL eq. 6–7).
 
     Identity at conv and linear sites; by LN-FL Prop. 1 this equals scale-normalising every
-    layer of a bias-free ReLU network.
+    layer of a bias-free ReLU network. ``inside`` puts a normaliser at the conv and linear sites
+    too, LN-FL Table 13's "FedFN - n_MV inside" (``ln``) and "FedFN - n inside" (``scale``, the
+    feature norm's own n); with ResNet-18's ``norm_sites: inner`` those are the blocks' inner sites.
     """
 
     class Params(Normaliser.Params):
         eps: float = Field(1e-5, gt=0)
+        inside: Literal["none", "ln", "scale"] = Field(
+            "none", description="the normaliser at conv and linear sites (LN-FL Table 13): none, ln or scale"
+        )
 
     params: Params
 
     def make(self, site: Site, num_features: int) -> nn.Module:
-        return FeatureNorm(self.params.eps) if site == "feature" else nn.Identity()
+        p = self.params
+        if site == "feature" or p.inside == "scale":
+            return FeatureNorm(p.eps)
+        if p.inside == "ln":
+            return LN(LN.Params(eps=p.eps)).make(site, num_features)
+        return nn.Identity()
 
 
 @NORMS.register("gn")

@@ -1,0 +1,153 @@
+"""``fedsim local RUN_DIR --client k --steps S [--every E]``: one client of a finished run, trained alone.
+
+LN-FL Figs. 2-3 (App. D): a federated model handed to one client and trained on that client's data
+alone overfits its classes: accuracy on them rises, accuracy on every other class falls, and without
+normalisation the penultimate features collapse (their norm grows, their effective rank drops).
+This continues a finished run's global model (``model.pt``) on client k's training data for S steps
+of the run's SGD (lr, momentum, weight decay, batch size, augmentation), one continuous stream of
+batches, through the one training loop with FedAvg's client half (plain local SGD, whatever the
+run's strategy). Before the first step and every E steps (and after the last) it scores the model
+on the whole test set, accuracy on the classes client k trains on (``own_class_acc``) and on all
+the others (``other_class_acc``), and measures the feature diagnostics of :mod:`fedsim.diagnostics`
+on the run's probe batch. ``RUN_DIR/local-<k>/`` (``local-<k>,<key=value>...`` with ``--set``) holds
+``local.json`` (what ran) and ``metrics.jsonl`` (one line per evaluation, flushed as written);
+``fedsim plot`` draws them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedsim.client.hooks import ClientHooks, RoundInfo
+from fedsim.client.runtime import ClientRuntime, round_seed
+from fedsim.client.training import ClientRound, train_local
+from fedsim.config import RunConfig, apply_overrides, parse_config, read_yaml
+from fedsim.diagnostics import ProbeDiagnostics
+from fedsim.errors import ConfigError, DataError
+from fedsim.evaluation import evaluate
+from fedsim.experiment import resolve
+from fedsim.norms.ln_variants import seed_norm_noise
+from fedsim.registry import PluginParams
+from fedsim.rundir import LOCAL_JSON, RunDir, atomic_write, claimed
+
+
+def local_dir(run_dir: str | Path, client: int, overrides: list[str] | None = None) -> Path:
+    """``RUN_DIR/local-<k>``, or ``local-<k>,<override>,...`` when ``--set`` changed the config, so that a
+    vanilla continuation and an FN one of the same client sit side by side (LN-FL Fig. 2)."""
+    name = ",".join([f"local-{client}", *(o.replace("/", "_").replace(" ", "") for o in overrides or [])])
+    return Path(run_dir) / name
+
+
+def finished_run_config(
+    run_dir: str | Path, client: int, steps: int, every: int, overrides: list[str] | None = None
+) -> RunConfig:
+    """The config of the finished run ``run_dir`` with ``overrides`` applied, once the request is known to
+    be one that can run. Everything here reads only small files: bad input stops before any data is loaded.
+    """
+    run_dir = Path(run_dir)
+    if steps < 1:
+        raise ConfigError(f"--steps {steps}: the local steps to take must be >= 1")
+    if every < 1:
+        raise ConfigError(f"--every {every}: evaluate every E steps with E >= 1")
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{run_dir}: not a run directory (no config.yaml there)")
+    missing = [name for name in ("summary.json", "model.pt") if not (run_dir / name).is_file()]
+    if missing:
+        raise ConfigError(
+            f"{run_dir}: not a finished run with a saved model (no {' or '.join(missing)}): finish it first "
+            f"(fedsim run --resume {run_dir}), with output.save_model: true"
+        )
+    raw = read_yaml(run_dir / "config.yaml", "the run's config.yaml") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{run_dir / 'config.yaml'}: the top level must be a mapping of sections")
+    cfg = parse_config(apply_overrides(raw, overrides or []))
+    n = cfg.train.num_clients
+    if not 0 <= client < n:
+        raise ConfigError(f"--client {client} is out of range; allowed 0..{n - 1} (the run's train.num_clients)")
+    return cfg
+
+
+def continue_locally(
+    run_dir: str | Path, client: int, steps: int, every: int, overrides: list[str] | None = None
+) -> Path:
+    """Train client ``client`` alone from the run's final model for ``steps`` steps; returns ``local-<k>/``.
+
+    ``overrides`` (``key=value``) change the run's config for the local training: ``model.norm=fn`` trains
+    a vanilla run's model with FN, which has no parameters (LN-FL Fig. 2, right), ``train.lr=...``.
+    """
+    cfg = finished_run_config(run_dir, client, steps, every, overrides)
+    runtime = ClientRuntime(resolve(cfg))
+    data = runtime.data(client)
+    if len(data.y_train) == 0:
+        raise DataError(f"--client {client} holds no training samples in this run's split: choose another client")
+    state = torch.load(Path(run_dir) / "model.pt", map_location=runtime.device, weights_only=True)
+    try:
+        runtime.model.load_state_dict(state)
+    except RuntimeError as err:  # --set changed the model's tensors
+        first = str(err).splitlines()[1].strip() if len(str(err).splitlines()) > 1 else str(err)
+        raise ConfigError(
+            f"{run_dir}/model.pt does not fit the model this config builds (--set {' '.join(overrides or [])}): "
+            f"{first}"
+        ) from err
+    own = data.class_counts > 0
+    path = local_dir(run_dir, client, overrides)
+    # one continuation at a time per directory; a re-run replaces the last one's metrics
+    with claimed(path, field="fedsim local's output directory", owner="local continuation"):
+        out = RunDir(path)
+        t = cfg.train
+        request = {
+            "run_dir": str(Path(run_dir).resolve()), "client": client, "steps": steps, "every": every,
+            "classes": [c for c, held in enumerate(own.tolist()) if held], "lr": t.lr, "momentum": t.momentum,
+            "weight_decay": t.weight_decay, "batch_size": t.batch_size, "augment": cfg.data.augment,
+            "overrides": list(overrides or []),
+        }  # fmt: skip
+        atomic_write(out.path / LOCAL_JSON, (json.dumps(request, indent=2) + "\n").encode())
+
+        probe = _probe(runtime)
+        out.append_metrics({"step": 0, "train_loss": None, **_scores(runtime, own), **probe.measure()})
+        window: list[float] = []
+
+        def after_step(step: int, losses: torch.Tensor) -> None:
+            window.append(float(losses[0]))
+            if step % every == 0 or step == steps:
+                loss = sum(window) / len(window)
+                out.append_metrics({"step": step, "train_loss": loss, **_scores(runtime, own), **probe.measure()})
+                window.clear()
+
+        # the round after the run's last one: batches no round of the run drew
+        seed = round_seed(cfg.seed, t.rounds + 1, client)
+        seed_norm_noise(runtime.model, seed)
+        info = RoundInfo(t.rounds + 1, client, steps, None, t.lr, data.class_counts)
+        work = ClientRound(runtime.model, ClientHooks(PluginParams()), runtime.stream(client, seed), info)
+        train_local([work], runtime.optimizer(1), after_step=after_step)
+        out.close()
+    return path
+
+
+def _probe(runtime: ClientRuntime) -> ProbeDiagnostics:
+    """The run's probe batch and diagnostics, with the feature diagnostics on, measuring the training model."""
+    cfg = runtime.cfg.diagnostics.model_copy(update={"features": True, "grad_norms": False})
+    ds = runtime.fed.dataset
+    x = runtime.to_inputs(ds.x_test[: cfg.probe_size]).to(runtime.device)
+    return ProbeDiagnostics(cfg, runtime.model, x, ds.y_test[: cfg.probe_size].to(runtime.device))
+
+
+def _scores(runtime: ClientRuntime, own: torch.Tensor) -> dict[str, Any]:
+    """Accuracy on the whole test set: on the client's own classes, on the others, overall and per class."""
+    ds = runtime.fed.dataset
+    x, y = ds.x_test.to(runtime.device), ds.y_test.to(runtime.device)
+    _, correct, totals = evaluate(runtime.model, x, y, runtime.cfg.eval.batch_size, ds.num_classes, runtime.to_inputs)
+
+    def share(mask: torch.Tensor) -> float | None:
+        n = int(totals[mask].sum())
+        return int(correct[mask].sum()) / n if n else None
+
+    per_class = [int(c) / int(n) if n else None for c, n in zip(correct, totals, strict=True)]
+    return {
+        "own_class_acc": share(own), "other_class_acc": share(~own), "global_acc": share(torch.ones_like(own)),
+        "per_class_acc": per_class,
+    }  # fmt: skip

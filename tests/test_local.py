@@ -1,0 +1,99 @@
+"""``fedsim local``: a finished quickstart run (one class per client) continued on one client alone
+overfits that client's class (LN-FL Figs. 2-3); ``fedsim plot`` draws it; bad requests are one line,
+before any training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedsim.cli import main
+from fedsim.config import load_config
+from fedsim.runner import run
+from tests.conftest import REPO
+
+QUICKSTART = REPO / "configs" / "quickstart.yaml"
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The quickstart (CNN + LN, MNIST subset, 10 clients) with one class per client, shortened to 2 rounds.
+
+    One torch thread (the quickstart asks for two): on a loaded 2-core machine the second thread's spinning
+    made this fixture 8x slower (48 s against 6 s measured)."""
+    out = tmp_path_factory.mktemp("runs")
+    overrides = [
+        "partition={name: n_class, classes_per_client: 1}", "train.rounds=2", "eval.every=2",
+        f"output.run_dir={out / 'quickstart'}", "output.progress=false", "simulation.threads=1",
+    ]  # fmt: skip
+    return Path(run(load_config(QUICKSTART, overrides))["run_dir"])
+
+
+def test_one_client_alone_overfits_its_class(finished_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["local", str(finished_run), "--client", "3", "--steps", "12", "--every", "4"]) == 0
+    out = finished_run / "local-3"
+    assert capsys.readouterr().out.strip() == str(out)
+    request = json.loads((out / "local.json").read_text())
+    assert request["client"] == 3 and len(request["classes"]) == 1 and request["lr"] == 0.05
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [0, 4, 8, 12]
+    first, last = lines[0], lines[-1]
+    # before: the federated model; after 12 steps on one class it predicts that class for everything
+    assert last["own_class_acc"] > 0.95 and last["own_class_acc"] > first["own_class_acc"]
+    assert first["other_class_acc"] > 0.1 and last["other_class_acc"] < 0.05
+    # the per-class accuracies agree with both: 1 own class, 9 others of 100 test images each
+    (own,) = request["classes"]
+    assert last["per_class_acc"][own] == last["own_class_acc"]
+    others = [a for c, a in enumerate(last["per_class_acc"]) if c != own]
+    assert sum(others) / 9 == pytest.approx(last["other_class_acc"])
+    assert first["train_loss"] is None and last["train_loss"] < lines[1]["train_loss"]
+    assert all(m["feature_erank"] > 1 and len(m["feature_sv"]) == 192 for m in lines)  # diagnostics on
+    assert main(["plot", str(out)]) == 0 and (out / "local.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--client", "10", "--steps", "5"], "--client 10 is out of range; allowed 0..9 (the run's train.num_clients)"),
+        (["--client", "-1", "--steps", "5"], "--client -1 is out of range; allowed 0..9"),
+        (["--client", "0", "--steps", "0"], "--steps 0: the local steps to take must be >= 1"),
+        (["--client", "0", "--steps", "5", "--every", "0"], "--every 0: evaluate every E steps with E >= 1"),
+    ],
+)
+def test_bad_request_is_one_line_before_training(
+    finished_run: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    assert main(["local", str(finished_run), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"fedsim: error: {message}")
+    assert not list(finished_run.glob("local-*/metrics.jsonl")) or (finished_run / "local-3").exists()
+    assert not (finished_run / "local-0").exists() and not (finished_run / "local-10").exists()
+
+
+def test_missing_or_unfinished_run_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nothing"
+    assert main(["local", str(missing), "--client", "0", "--steps", "5"]) == 2
+    assert capsys.readouterr().err.strip() == f"fedsim: error: {missing}: not a run directory (no config.yaml there)"
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "config.yaml").write_text((REPO / "configs" / "quickstart.yaml").read_text())
+    assert main(["local", str(unfinished), "--client", "0", "--steps", "5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a finished run with a saved model (no summary.json or model.pt)" in err[0]
+    assert f"fedsim run --resume {unfinished}" in err[0] and not (unfinished / "local-0").exists()
+
+
+def test_set_changes_the_local_training_and_a_model_that_does_not_fit_is_one_line(
+    finished_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["local", str(finished_run), "--client", "5", "--steps", "2", "--set", "train.lr=0.01"]) == 0
+    request = json.loads((finished_run / "local-5,train.lr=0.01" / "local.json").read_text())
+    assert request["lr"] == 0.01 and request["overrides"] == ["train.lr=0.01"]
+    capsys.readouterr()
+    # the quickstart's LN model has LN's gamma and beta, which a model without norms lacks
+    assert main(["local", str(finished_run), "--client", "6", "--steps", "2", "--set", "model.norm=none"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.pt does not fit the model this config builds (--set model.norm=none)" in err[0]
+    assert not list(finished_run.glob("local-6*"))
