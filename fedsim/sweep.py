@@ -338,7 +338,8 @@ def _run_on_ray(
 
     from fedsim.runner import OFFLINE_ENV
 
-    ray.init(address=ray_cfg.address, include_dashboard=False, runtime_env={"env_vars": dict(OFFLINE_ENV)})
+    address = ray_cfg.address or "local"  # none: an instance here, never a cluster `ray start` left running
+    ray.init(address=address, include_dashboard=False, runtime_env={"env_vars": dict(OFFLINE_ENV)})
     task = ray.remote(num_cpus=ray_cfg.cpus_per_run, num_gpus=ray_cfg.gpus_per_run)(_run_one)
     names: dict[Any, str] = {}
     pending = list(todo)

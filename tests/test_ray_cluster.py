@@ -136,6 +136,23 @@ def test_run_on_existing_cluster_matches_inline(
 
 
 @pytest.mark.parametrize("engine", ["local", "flower"])
+def test_no_address_starts_ray_here_even_beside_a_cluster(
+    ray_head: Head, inline_metrics: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    # ray.init(address=None) would join the cluster RAY_ADDRESS names (or that `ray start` left here):
+    # a run that names no simulation.ray_address must not
+    monkeypatch.setenv("RAY_ADDRESS", ray_head.address)
+    before = ray_head.jobs()
+
+    sections = on_cluster(ray_head.address, engine)
+    del sections["simulation"]["ray_address"]
+    metrics = metrics_of(tmp_path, engine, **sections)
+
+    assert metrics == inline_metrics
+    assert ray_head.jobs().keys() == before.keys()
+
+
+@pytest.mark.parametrize("engine", ["local", "flower"])
 def test_unreachable_address_fails_before_training(tmp_path: Path, engine: str) -> None:
     address = f"127.0.0.1:{free_port()}"  # nothing listens there
     cfg = parse_config(small_config(tmp_path, **on_cluster(address, engine)))

@@ -42,7 +42,8 @@ def run_flower_simulation(experiment: Experiment, resume: bool = False) -> dict[
                 num_supernodes=cfg.train.num_clients,
                 backend_config={
                     "client_resources": {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus},
-                    "init_args": {"include_dashboard": False},
+                    # a Ray instance here unless joined above (None would join any `ray start` cluster)
+                    "init_args": {"include_dashboard": False, "address": "local"},
                 },
             )
     finally:

@@ -77,7 +77,9 @@ def init_ray(sim: SimulationConfig) -> bool:
         return False
     try:
         ray.init(
-            address=sim.ray_address,
+            # None means a Ray instance here: "local", since ray.init(None) would join a cluster that
+            # `ray start` left running on this machine
+            address=sim.ray_address or "local",
             include_dashboard=False,
             log_to_driver=True,
             logging_level="warning",
