@@ -21,6 +21,16 @@ def _offline_flower(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
 
 
+@pytest.fixture(scope="session")
+def cifar_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One decode cache for the CIFAR-10 q75 archive, shared by the tests that read it and by pytest-xdist's
+    workers (the directory above each worker's own): it is decoded once, not once per test (~14 s each).
+    The cache's files are written whole and renamed into place, so workers may race to fill it."""
+    path = tmp_path_factory.getbasetemp().parent / "cifar-cache"
+    path.mkdir(exist_ok=True)
+    return path
+
+
 def small_config(tmp_path: Path, **sections: Any) -> dict[str, Any]:
     """A fast run: MLP on the shipped MNIST subset, 4 clients, few rounds."""
     cfg: dict[str, Any] = {

@@ -248,18 +248,19 @@ def test_compose_file_is_one_docker_compose_1_29_accepts(tmp_path: Path) -> None
 
     project = compose(QUICKSTART, tmp_path, "--nodes", "3", "--set", "deploy.tls=true", "deploy.supernode_auth=true")
     assert set(project) == {"services"}
-    checked = 0
+    checked, failed = 0, []
     for program in (["docker-compose"], ["docker", "compose"]):
         if shutil.which(program[0]) is None:
             continue
         version = subprocess.run([*program, "version"], capture_output=True, text=True)
         if version.returncode != 0:
+            failed.append(f"{' '.join(program)} version: {version.stderr.strip()[-300:]}")
             continue
         res = subprocess.run([*program, "config", "-q"], cwd=tmp_path, capture_output=True, text=True)
         assert res.returncode == 0, f"{' '.join(program)}: {res.stderr}"
         checked += 1
     if not checked:
-        pytest.skip("no docker-compose or docker compose here (the container test runs them)")
+        pytest.skip(f"no docker-compose or docker compose here (the container test runs them) {failed}")
 
 
 def test_given_certificates_are_used_by_processes_and_containers(tmp_path: Path) -> None:

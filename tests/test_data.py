@@ -422,10 +422,10 @@ def test_shipped_mnist_small_is_balanced_and_small() -> None:
 
 
 @pytest.mark.slow
-def test_real_cifar10_q75_archive(tmp_path: Path) -> None:
+def test_real_cifar10_q75_archive(cifar_cache: Path) -> None:
     if not CIFAR_Q75.is_file():
         pytest.skip(f"{CIFAR_Q75} is absent (see ../shared/datasets/README.md)")
-    ds = load_dataset("imagefolder", CIFAR_Q75, cache_dir=tmp_path)
+    ds = load_dataset("imagefolder", CIFAR_Q75, cache_dir=cifar_cache)
     names = "airplane automobile bird cat deer dog frog horse ship truck".split()
     assert ds.classes == names
     assert ds.x_train.shape == (50000, 3, 32, 32) and ds.x_test.shape == (10000, 3, 32, 32)

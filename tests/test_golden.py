@@ -51,9 +51,12 @@ IN_SUITE = {(case, "inline") for case in CASES} | {
     ("scaffold-partial", "flower"), ("fedavgm-partial", "flower"),
 }
 GRID = [
-    pytest.param(case, engine, marks=() if (case, engine) in IN_SUITE else pytest.mark.grid)
+    pytest.param(
+        case, engine,
+        marks=pytest.mark.grid if (case, engine) not in IN_SUITE else () if engine == "inline" else pytest.mark.slow,
+    )
     for engine in ENGINES for case in CASES
-]
+]  # fmt: skip
 WALL_CLOCK = ("time_s", "rss_mb")  # facts about the machine, not results
 UPDATE = os.environ.get("FEDSIM_UPDATE_GOLDEN") == "1"
 

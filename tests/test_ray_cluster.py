@@ -135,6 +135,7 @@ def test_run_on_existing_cluster_matches_inline(
     assert actor_class in ray_head.actor_classes()  # its clients ran in the cluster's workers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["local", "flower"])
 def test_no_address_starts_ray_here_even_beside_a_cluster(
     ray_head: Head, inline_metrics: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str

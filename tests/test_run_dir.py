@@ -92,10 +92,10 @@ def test_quickstart_runs_to_completion_as_documented(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not CIFAR_Q75.exists(), reason="../shared/datasets/cifar10_jpg_q75.tar.gz is not present")
-def test_cifar10_paper_config_runs(tmp_path: Path) -> None:
+def test_cifar10_paper_config_runs(tmp_path: Path, cifar_cache: Path) -> None:
     proc = _fedsim(
         "run", "configs/cifar10_1class_fedavg.yaml", "--set",
-        "train.rounds=2", "eval.every=2", f"output.dir={tmp_path}", f"data.cache_dir={tmp_path / 'cache'}",
+        "train.rounds=2", "eval.every=2", f"output.dir={tmp_path}", f"data.cache_dir={cifar_cache}",
         cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

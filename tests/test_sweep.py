@@ -92,6 +92,7 @@ def test_report_plots_final_accuracy_against_a_swept_key(tmp_path: Path) -> None
         plot_final_vs(runs, "model.norm", tmp_path / "q.png")
 
 
+@pytest.mark.slow
 def test_sweep_on_ray_gives_the_same_runs(tmp_path: Path) -> None:
     import json
 
@@ -146,6 +147,7 @@ def wait_until(condition, timeout: float, what: str) -> None:  # type: ignore[no
         time.sleep(0.3)
 
 
+@pytest.mark.slow
 def test_stopping_a_sweep_stops_its_runs_and_a_rerun_resumes_them(tmp_path: Path) -> None:
     base = small_config(tmp_path, train={"rounds": 300}, eval={"every": 50}, output={"checkpoint_every": 5})
     write_config(tmp_path, base, "base.yaml")

@@ -106,6 +106,7 @@ def test_paper_cnn_groups_of_three_and_a_client_alone_match(tmp_path: Path, stac
     assert_same_training(one, together, m1, m3, tol=1e-3)
 
 
+@pytest.mark.slow
 def test_ray_actors_each_train_their_clients_together(tmp_path: Path) -> None:
     # exactly two actors on any machine (Ray starts with every CPU), each with two of the four clients
     sim = {"backend": "ray", "client_resources": {"num_cpus": (os.cpu_count() or 2) / 2}}
