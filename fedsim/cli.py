@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fedsim.config import DeprecatedConfig
-from fedsim.errors import ERROR_FILE_ENV, ConfigError, FedsimError
+from fedsim.errors import ERROR_FILE_ENV, ChildExit, ConfigError, FedsimError
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -37,9 +37,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_deploy(args: argparse.Namespace) -> int:
     from fedsim.config import load_config
+    from fedsim.deploy import private_network
     from fedsim.deploy.launcher import deploy
 
-    summary = deploy(load_config(args.config, args.set))
+    # inside the private network (fedsim.deploy.private_network) the config comes planned, on stdin
+    cfg = private_network.received_config() if private_network.inside() else load_config(args.config, args.set)
+    summary = deploy(cfg)
     print(summary["run_dir"])
     return 0
 
@@ -215,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _show_warning
     try:
         return args.func(args)
+    except ChildExit as err:  # the fedsim process it ran has said why
+        return err.code
     except FedsimError as err:
         print(f"fedsim: error: {err}", file=sys.stderr)
         if path := os.environ.get(ERROR_FILE_ENV):

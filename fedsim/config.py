@@ -231,6 +231,10 @@ class DeployConfig(_Strict):
         False, description="the SuperLink accepts only SuperNodes whose public keys were registered"
     )
     startup_timeout_s: float = Field(120.0, gt=0, description="how long to wait for the SuperLink to listen")
+    private_network: bool = Field(
+        True, description="fedsim deploy on a loopback address: the run in a network namespace of its own, where "
+        "no other local process reaches the SuperLink's unauthenticated Control API",
+    )
 
     @field_validator("address")
     @classmethod

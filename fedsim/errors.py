@@ -33,3 +33,11 @@ class TrainingError(FedsimError):
 
 class ProtocolError(FedsimError):
     """A ServerApp or ClientApp message lacks what fedsim's protocol (docs/protocol.md) needs."""
+
+
+class ChildExit(FedsimError):
+    """A fedsim process this one ran for the same command ended with ``code`` and has said why itself."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"exit status {code}")
+        self.code = code

@@ -3,9 +3,11 @@ user would. Each test checks that no process of the deployment outlives it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.config import parse_config
+from fedsim.config import RunConfig, parse_config
+from fedsim.deploy.launcher import free_port
 from fedsim.runner import run
 from tests.conftest import REPO, small_config, write_config
 
@@ -127,11 +130,25 @@ def wait_no_processes(run_dir: Path, timeout: float) -> list[int]:
     return left
 
 
+def superlink_pid(run_dir: Path) -> int:
+    for pid in processes_of(run_dir):
+        with contextlib.suppress(OSError):  # a ClientApp process may end meanwhile
+            if b"flower-superlink" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+    raise AssertionError("no SuperLink process")
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
 def test_stopping_the_launcher_stops_every_process(tmp_path: Path, sig: signal.Signals) -> None:
-    proc = launch(tmp_path, deploy_config(tmp_path, train={"rounds": 50}))
+    port = free_port("127.0.0.1")
+    proc = launch(tmp_path, deploy_config(tmp_path, train={"rounds": 50}, deploy={"port": port}))
     run_dir = wait_for_round(tmp_path, proc, 1)
     assert len(processes_of(run_dir)) >= 3  # the SuperLink and two SuperNodes at least
+    # the run is in a network of its own: its SuperLink's unauthenticated Control API is out of reach here
+    superlink = superlink_pid(run_dir)
+    assert os.readlink(f"/proc/{superlink}/ns/net") != os.readlink("/proc/self/ns/net")
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=10).close()
     proc.send_signal(sig)
     rc, _, err = finish(proc, timeout=120)
     if sig == signal.SIGINT:  # the launcher stops its processes itself, then exits
@@ -277,3 +294,16 @@ def test_flwr_run_dot_runs_the_repository_as_a_flower_app(tmp_path: Path, monkey
     (run_dir,) = tmp_path.glob("runs/deploy-smoke-*")
     simulated = run(load_config(REPO / "configs" / "deploy_smoke.yaml", [f"output.dir={tmp_path / 'sim'}"]))
     assert_same_numbers(metrics(run_dir), metrics(Path(simulated["run_dir"])))
+
+
+def test_without_unshare_the_deploy_says_it_runs_in_the_host_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedsim.deploy import private_network
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert private_network.unavailable() == "no unshare program (util-linux)"
+    def config(**deploy: object) -> RunConfig:
+        return parse_config({**deploy_config(Path("/tmp")), "deploy": deploy})
+
+    assert private_network.wanted(config()) and private_network.wanted(config(address="::1"))
+    assert not private_network.wanted(config(address="0.0.0.0"))  # across hosts: nothing to hide it in
+    assert not private_network.wanted(config(private_network=False))

@@ -18,6 +18,7 @@ from typing import Any
 
 from fedsim.config import RunConfig
 from fedsim.console import RoundProgress, console, partition_table, summary_table
+from fedsim.deploy import private_network
 from fedsim.deploy.keys import make_node_keys, make_tls
 from fedsim.deploy.topology import CONNECTION, RUNTIME_ENV, TlsFiles, Topology, local_topology, write_app
 from fedsim.errors import ConfigError, FedsimError
@@ -247,6 +248,10 @@ def deploy(cfg: RunConfig, wrap: Wrap | None = None) -> dict[str, Any]:
     experiment = plan(cfg)  # validates data and split before any process starts
     cfg = experiment.config.model_copy(deep=True)
     cfg.output.run_dir = str(Path(cfg.output.run_dir or "").resolve())
+    if private_network.wanted(cfg):  # loopback only: no other local process may reach the SuperLink
+        if (why := private_network.unavailable()) is None:
+            return private_network.deploy_inside(cfg)
+        private_network.warn_exposed(cfg, why)
     show = cfg.output.progress
     server_cfg = cfg.model_copy(deep=True)
     server_cfg.output.progress = False  # the ServerApp has no terminal here; this process shows it
