@@ -132,6 +132,9 @@ def build_image(base: str, wheels: Path) -> None:
     finally:
         for dest in linked:
             dest.unlink(missing_ok=True)
+        # the image this build replaced, and a failed build's layers, are untagged now: 5-8 GB each, which
+        # filled this machine's disk after a few CI runs
+        docker("image", "prune", "--force", timeout=600, check=False)
 
 
 # --- Compose projects -------------------------------------------------------------------------------
