@@ -5,8 +5,9 @@ auth, it gives ``fedsim run``'s metrics; a run that fails makes ``submit`` exit 
 leaves no container, network or file of another user behind.
 
 All services share the SuperLink's network namespace, loopback only (``one_network_namespace``):
-nothing of theirs reaches beyond it. Run with ``pytest -m container`` (``.ci/run`` does, after the
-README's suite); the first run builds for minutes, later ones reuse the cached base image and wheels.
+nothing of theirs reaches beyond it. Run with ``pytest -n 0 -m container`` (in one process: the tests
+share one image and one engine; ``.ci/run`` does, after the README's suite); the first run builds
+for minutes, later ones reuse the cached base image and wheels.
 """
 
 from __future__ import annotations
