@@ -27,17 +27,18 @@ WATCH_EVERY_S = 0.5
 Process = tuple[int, int]  # (pid, start time in clock ticks since boot)
 
 
+def die_with(parent: int) -> None:
+    """This process gets SIGTERM when its parent ``parent`` dies; it exits at once if that already happened."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def die_with_parent() -> Callable[[], None]:
     """A ``preexec_fn`` for ``subprocess.Popen``: the child gets SIGTERM when this process dies."""
     parent = os.getpid()
-
-    def preexec() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
+    return lambda: die_with(parent)
 
 
 def _stat(pid: int) -> list[str] | None:

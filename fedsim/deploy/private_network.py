@@ -18,7 +18,6 @@ entering a user namespace may clear it) and then stops its processes as on Ctrl-
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import ipaddress
 import json
@@ -34,11 +33,10 @@ from typing import Any
 from fedsim.config import RunConfig
 from fedsim.console import console
 from fedsim.errors import ChildExit
-from fedsim.processes import die_with_parent
+from fedsim.processes import die_with, die_with_parent
 
 ENV = "FEDSIM_PRIVATE_NETWORK"  # set inside the namespace: the pid of the launcher outside
 UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--"]
-_PR_SET_PDEATHSIG = 1
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 
 
@@ -92,10 +90,7 @@ def received_config() -> RunConfig:
 
 def _settle_inside() -> None:
     """Die with the launcher outside, and bring up the namespace's loopback."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != int(os.environ[ENV]):  # the launcher died before the signal was armed
-        raise SystemExit(1)
+    die_with(int(os.environ[ENV]))  # re-armed: entering the user namespace may have cleared it
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         request = struct.pack("16sH14s", b"lo", 0, b"")
         flags = struct.unpack("16sH14s", fcntl.ioctl(s, _SIOCGIFFLAGS, request))[1]
