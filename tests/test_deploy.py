@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fedsim.config import RunConfig, parse_config
-from fedsim.deploy.launcher import free_port
+from fedsim.ports import free_port
 from fedsim.runner import run
 from tests.conftest import REPO, small_config, write_config
 
@@ -73,15 +73,22 @@ def supernode_pid(run_dir: Path, partition: int) -> int:
     raise AssertionError(f"no SuperNode process for partition {partition}")
 
 
+def reached(tmp_path: Path, proc: subprocess.Popen[str], at_least: int) -> Path | None:
+    """The run directory once the launched run has finished round ``at_least``, else None."""
+    assert proc.poll() is None, proc.communicate()
+    runs = tmp_path / "runs"
+    if runs.exists() and any(runs.iterdir()):
+        progress = run_dir_of(tmp_path) / "progress.json"
+        if progress.exists() and json.loads(progress.read_text())["round"] >= at_least:
+            return run_dir_of(tmp_path)
+    return None
+
+
 def wait_for_round(tmp_path: Path, proc: subprocess.Popen[str], at_least: int, timeout: float = 300) -> Path:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        runs = tmp_path / "runs"
-        if runs.exists() and any(runs.iterdir()):
-            progress = run_dir_of(tmp_path) / "progress.json"
-            if progress.exists() and json.loads(progress.read_text())["round"] >= at_least:
-                return run_dir_of(tmp_path)
+        if run_dir := reached(tmp_path, proc, at_least):
+            return run_dir
         time.sleep(0.5)
     proc.kill()
     raise AssertionError(f"round {at_least} not reached in {timeout} s")
@@ -161,22 +168,38 @@ def test_stopping_the_launcher_stops_every_process(tmp_path: Path, sig: signal.S
     assert not (run_dir / "summary.json").exists()
 
 
-@pytest.mark.parametrize("policy", ["skip", "fail"])
-def test_killed_supernode_is_skipped_or_stops_the_run(tmp_path: Path, policy: str) -> None:
-    train = {"rounds": 3, "on_client_failure": policy, "round_timeout_s": 120}
-    cfg = deploy_config(tmp_path, train=train, eval={"every": 3})
-    proc = launch(tmp_path, cfg)
-    run_dir = wait_for_round(tmp_path, proc, 1)
-    os.killpg(supernode_pid(run_dir, 1), signal.SIGKILL)  # the SuperNode and any ClientApp it runs
-    rc, _, err = finish(proc)
-    assert processes_of(run_dir) == []
-    if policy == "fail":
-        assert rc == 2, err[-3000:]
-        assert "fedsim: error: round 2, training: client 1:" in err and "on_client_failure: skip" in err
-        assert not (run_dir / "summary.json").exists()
-        return
-    assert rc == 0, err[-3000:]
-    (last,) = metrics(run_dir)
+def test_killed_supernode_is_skipped_or_stops_the_run(tmp_path: Path) -> None:
+    """Both policies side by side: Flower declares a SuperNode dead after 60 s without a heartbeat, and
+    the two runs wait for that at the same time."""
+    train = {"rounds": 3, "round_timeout_s": 120}
+    runs = {}
+    for policy in ("skip", "fail"):
+        (tmp_path / policy).mkdir()
+        cfg = deploy_config(tmp_path / policy, train={**train, "on_client_failure": policy}, eval={"every": 3})
+        runs[policy] = launch(tmp_path / policy, cfg)
+    run_dirs: dict[str, Path] = {}
+    deadline = time.monotonic() + 300
+    try:
+        while len(run_dirs) < len(runs):  # kill SuperNode 1 of each run as soon as its round 1 is done
+            assert time.monotonic() < deadline, f"round 1 not reached in 300 s by {set(runs) - set(run_dirs)}"
+            for policy, proc in runs.items():
+                if policy not in run_dirs and (run_dir := reached(tmp_path / policy, proc, 1)):
+                    os.killpg(supernode_pid(run_dir, 1), signal.SIGKILL)  # the SuperNode and its ClientApp
+                    run_dirs[policy] = run_dir
+            time.sleep(0.5)
+    except BaseException:
+        for proc in runs.values():
+            proc.kill()  # its SuperLink and SuperNodes die with it
+        raise
+    (rc_skip, _, err_skip), (rc_fail, _, err_fail) = finish(runs["skip"]), finish(runs["fail"])
+    assert processes_of(run_dirs["skip"]) == processes_of(run_dirs["fail"]) == []
+
+    assert rc_fail == 2, err_fail[-3000:]
+    assert "fedsim: error: round 2, training: client 1:" in err_fail and "on_client_failure: skip" in err_fail
+    assert not (run_dirs["fail"] / "summary.json").exists()
+
+    assert rc_skip == 0, err_skip[-3000:]
+    (last,) = metrics(run_dirs["skip"])
     assert last["round"] == 3
     assert {r: p for r, p in last["failed_clients"].items()} == {"2": [1], "3": [1]}
     assert last["client_acc"][1] is None and last["client_acc"][0] is not None
@@ -307,3 +330,19 @@ def test_without_unshare_the_deploy_says_it_runs_in_the_host_network(monkeypatch
     assert private_network.wanted(config()) and private_network.wanted(config(address="::1"))
     assert not private_network.wanted(config(address="0.0.0.0"))  # across hosts: nothing to hide it in
     assert not private_network.wanted(config(private_network=False))
+
+
+def test_free_ports_are_distinct_bindable_and_never_ephemeral(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedsim import ports
+
+    low, _ = ports.ephemeral_range()
+    chosen = ports.free_ports(["127.0.0.1"] * 50)
+    assert len(set(chosen)) == 50
+    assert all(ports.RAY_WORKER_PORTS_END <= p < low for p in chosen)  # no outgoing connection takes them
+    # a port something listens on, and a port promised to a server not yet started, are passed over
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", chosen[0]))
+        busy.listen()
+        first = chosen[0] - ports.RAY_WORKER_PORTS_END
+        monkeypatch.setattr(ports.random, "randrange", lambda n: first)
+        assert ports.free_ports(["127.0.0.1"], taken={chosen[0] + 1})[0] == chosen[0] + 2

@@ -10,7 +10,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,17 +26,12 @@ from fedsim.config import SimulationConfig, parse_config
 from fedsim.engines import ray_pool
 from fedsim.engines.ray_cluster import check_ray_address
 from fedsim.errors import ConfigError
+from fedsim.ports import free_port, free_ports
 from fedsim.runner import OFFLINE_ENV, run
 from tests.conftest import small_config
 from tests.test_engines import metrics_of
 
 RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -72,7 +66,7 @@ def node_pids(group: int, temp_dir: Path) -> list[int]:
 @pytest.fixture(scope="module")
 def ray_head() -> Iterator[Head]:
     temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # Ray's socket paths must stay < 108 bytes
-    port, client_port = free_port(), free_port()  # not Ray's fixed defaults: other clusters may hold them
+    port, client_port = free_ports(["127.0.0.1"] * 2)  # not Ray's fixed defaults: other clusters may hold them
     env = {**os.environ, **OFFLINE_ENV, "FLWR_HOME": str(temp_dir / "flwr")}  # the workers' environment
     log = temp_dir / "head.log"
     args = ["start", "--head", "--block", f"--port={port}", f"--ray-client-server-port={client_port}"]

@@ -65,11 +65,15 @@ def kill_between_checkpoints(proc: subprocess.Popen[str], run_dir: Path, every: 
 
 
 def check_resume(tmp_path: Path, stateful: bool, every: int = 4, **sections: Any) -> None:
-    """Run uninterrupted; run again with checkpoints, SIGKILL it mid-way, resume it: same metrics, same model."""
+    """Run uninterrupted; run again with checkpoints, SIGKILL it mid-way, resume it: same metrics, same model.
+
+    The uninterrupted run is inline whatever the engine: every engine gives the same numbers, bit for bit
+    (tests/test_engines.py), and inline saves starting Ray for it."""
     train = {"rounds": 16, **sections.pop("train", {})}
     base = small_config(tmp_path, train=train, **sections)
+    inline = {k: v for k, v in base.items() if k not in ("engine", "simulation")}
 
-    whole = run(parse_config({**base, "output": {**base["output"], "run_dir": str(tmp_path / "whole")}}))
+    whole = run(parse_config({**inline, "output": {**base["output"], "run_dir": str(tmp_path / "whole")}}))
     expected = metrics(Path(whole["run_dir"]))
 
     killed_dir = tmp_path / "killed"

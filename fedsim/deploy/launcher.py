@@ -22,6 +22,7 @@ from fedsim.deploy import private_network
 from fedsim.deploy.keys import make_node_keys, make_tls
 from fedsim.deploy.topology import CONNECTION, RUNTIME_ENV, TlsFiles, Topology, local_topology, write_app
 from fedsim.errors import ConfigError, FedsimError
+from fedsim.ports import free_ports
 from fedsim.processes import (
     describe,
     die_with_parent,
@@ -38,12 +39,6 @@ from fedsim.rundir import ERROR, HELD_ENV, PROGRESS, SUMMARY, claimed
 # SuperNodes in another network namespace
 Wrap = dict[str, list[str]]
 STATUS_EVERY_S = 10.0  # how often to ask the SuperLink whether the run is still alive
-
-
-def free_port(address: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as s:
-        s.bind((address, 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for_port(host: str, port: int, owner: subprocess.Popen[bytes], timeout: float, what: str) -> None:
@@ -97,9 +92,12 @@ class LocalDeployment:
 
     def _topology(self) -> Topology:
         d = self.cfg.deploy
-        port = d.port or free_port(d.address)
-        nodes = [free_port("127.0.0.1") for _ in range(self.cfg.train.num_clients)]
-        topo = local_topology(self.cfg, port, nodes)
+        nodes = ["127.0.0.1"] * self.cfg.train.num_clients
+        if d.port:
+            port, ports = d.port, free_ports(nodes, taken={d.port})
+        else:
+            port, *ports = free_ports([d.address, *nodes])
+        topo = local_topology(self.cfg, port, ports)
         if d.tls:
             tls = (
                 TlsFiles(d.certificates.ca, d.certificates.cert, d.certificates.key)
