@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +43,29 @@ def test_partial_participation_is_seeded_and_changes_training(tmp_path: Path) ->
 
 
 @pytest.mark.slow
-def test_inline_ray_pool_and_flower_runtime_agree(tmp_path: Path) -> None:
-    inline = metrics_of(tmp_path, "inline")
-    pool = metrics_of(tmp_path, "pool", simulation={"backend": "ray", "client_resources": {"num_cpus": 1}})
-    flower = metrics_of(tmp_path, "flower", engine="flower", simulation={"client_resources": {"num_cpus": 1}})
+def test_inline_ray_pool_and_flower_runtime_agree_at_the_same_cpu_priority(tmp_path: Path) -> None:
+    """Same numbers from every engine; and Ray's workers run at this process's niceness, not Ray's
+    default of 15 more, which starved them beside any other busy process."""
+    niceness = {name: tmp_path / f"nice-{name}" for name in ("inline", "pool", "flower")}
+
+    def recorded(name: str) -> dict[str, Any]:
+        niceness[name].mkdir()
+        return {"strategy": {"name": "tests.plugins.niceness:Niceness", "record_dir": str(niceness[name])}}
+
+    inline = metrics_of(tmp_path, "inline", **recorded("inline"))
+    pool = metrics_of(
+        tmp_path, "pool", simulation={"backend": "ray", "client_resources": {"num_cpus": 1}}, **recorded("pool")
+    )
+    flower = metrics_of(
+        tmp_path, "flower", engine="flower", simulation={"client_resources": {"num_cpus": 1}}, **recorded("flower")
+    )
     assert inline == pool == flower
     assert inline[-1]["client_mean_acc"] > 0.5  # it learned: 10 classes, chance is 0.1
+    here = (str(os.getpid()), str(os.nice(0)))
+    assert {(f.name, f.read_text()) for f in niceness["inline"].iterdir()} == {here}
+    for name in ("pool", "flower"):  # other processes, this one's niceness
+        workers = {f.name: f.read_text() for f in niceness[name].iterdir()}
+        assert workers and here[0] not in workers and set(workers.values()) == {here[1]}, (name, workers)
 
 
 def test_client_state_beyond_the_budget_waits_on_disk_and_changes_nothing(
