@@ -3,6 +3,7 @@
     python benchmarks/round_overhead.py            # everything below
     python benchmarks/round_overhead.py --quick    # fewer rounds; no 50/100-client Flower runtime
     python benchmarks/round_overhead.py --memory   # RSS at rounds 100 and 1,000 (inline, 0 steps)
+    python benchmarks/round_overhead.py --paper --hogs 2   # the paper setting beside 2 busy processes
 
 Per-round cost is the run's steady round time (``steady_s_per_round`` in summary.json): the mean
 time from the end of round 1's aggregation to the end of the last round's, evaluation excluded,
@@ -14,11 +15,15 @@ process. The machine is noisy: read the ratios, which are measured in the same r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -201,14 +206,18 @@ LAYOUTS: dict[str, dict[str, object]] = {
 }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--memory", action="store_true", help="only the 1,000-round memory check")
-    parser.add_argument("--paper", action="store_true", help="only the paper setting against the floor")
-    args = parser.parse_args()
-    out = Path(tempfile.mkdtemp(prefix="fedsim-bench-"))
-    console = Console()
+@contextlib.contextmanager
+def busy_processes(n: int) -> Iterator[None]:
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def run_tables(args: argparse.Namespace, console: Console, out: Path) -> None:
     if args.memory:
         memory_table(console, out)
     elif args.paper:
@@ -217,6 +226,21 @@ def main() -> None:
         aggregation_table(console, out)
         overhead_table(console, out, args.quick)
         paper_table(console, out, args.quick)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--memory", action="store_true", help="only the 1,000-round memory check")
+    parser.add_argument("--paper", action="store_true", help="only the paper setting against the floor")
+    parser.add_argument(
+        "--hogs", type=int, default=0, metavar="N", help="beside N processes that keep a core busy each (loaded)"
+    )
+    args = parser.parse_args()
+    out = Path(tempfile.mkdtemp(prefix="fedsim-bench-"))
+    console = Console()
+    with busy_processes(args.hogs):
+        run_tables(args, console, out)
     shutil.rmtree(out, ignore_errors=True)
 
 
