@@ -25,6 +25,9 @@ OFFLINE_ENV = {
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",  # silences a Ray FutureWarning on CPU-only actors
+}
+RUN_ENV = {
+    **OFFLINE_ENV,
     # Ray starts its workers at niceness 15: beside any other busy process the Ray pool and Flower's
     # runtime starved (the paper setting did not finish 6 rounds in 7 minutes beside two CPU hogs, and
     # took 3.0 s per round at niceness 0). Read by the raylet that a run starts, not by a joined cluster.
@@ -32,9 +35,9 @@ OFFLINE_ENV = {
 }
 
 
-def use_offline_env() -> None:
-    """OFFLINE_ENV in this process's environment, for what it starts (a user's own settings win)."""
-    for key, value in OFFLINE_ENV.items():
+def use_run_env() -> None:
+    """RUN_ENV in this process's environment, for what it starts (a user's own settings win)."""
+    for key, value in RUN_ENV.items():
         os.environ.setdefault(key, value)
 
 
@@ -42,7 +45,7 @@ def plan(cfg: RunConfig, resume: bool = False) -> Experiment:
     """The experiment a run of ``cfg`` will be, after every check that needs no training (plugins and
     options, the run directory, the Ray address, the data and its split, ``vmap_clients``), with its run
     directory fixed: ``output.run_dir``, else a new ``<output.dir>/<name>-<time>`` made for it."""
-    use_offline_env()
+    use_run_env()
     cfg = cfg.model_copy(deep=True)
     experiment = resolve(cfg)
     if cfg.output.run_dir and not resume:

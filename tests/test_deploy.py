@@ -157,7 +157,7 @@ def test_stopping_the_launcher_stops_every_process(tmp_path: Path, sig: signal.S
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=10).close()
     proc.send_signal(sig)
-    rc, _, err = finish(proc, timeout=120)
+    rc, _, err = finish(proc)
     if sig == signal.SIGINT:  # the launcher stops its processes itself, then exits
         assert rc == 130, err[-3000:]
         assert "interrupted" in err
