@@ -33,7 +33,7 @@ from typing import Any
 from fedsim.config import RunConfig
 from fedsim.console import console
 from fedsim.errors import ChildExit
-from fedsim.processes import die_with, die_with_parent
+from fedsim.processes import die_with
 
 ENV = "FEDSIM_PRIVATE_NETWORK"  # set inside the namespace: the pid of the launcher outside
 UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--"]
@@ -64,9 +64,17 @@ def deploy_inside(cfg: RunConfig) -> dict[str, Any]:
     """Run the deployment of ``cfg`` (planned: its run directory fixed) in a private network; its summary."""
     cmd = [*UNSHARE, sys.executable, "-m", "fedsim.cli", "deploy", "-"]
     env = {**os.environ, ENV: str(os.getpid())}
+    parent = os.getpid()
+
+    def setup() -> None:
+        # this process passes Ctrl-C on, so the one inside must act on it even where this one was
+        # started with SIGINT ignored (a script's background job), which it would otherwise inherit
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        die_with(parent)
+
     # its own process group: a terminal's Ctrl-C reaches this process alone, which passes it on once
     child = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, preexec_fn=die_with_parent(), process_group=0
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, preexec_fn=setup, process_group=0
     )
     handlers = {sig: signal.signal(sig, lambda s, _f: child.send_signal(s)) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
