@@ -28,14 +28,20 @@ def ephemeral_range() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
+def server_ports() -> range:
+    """Where :func:`free_ports` looks: below the ephemeral range, above Ray's worker ports where there
+    is room for it."""
+    low = ephemeral_range()[0]
+    return range(RAY_WORKER_PORTS_END if low > RAY_WORKER_PORTS_END + 1000 else 1024, low)
+
+
 def free_ports(addresses: Sequence[str], taken: Collection[int] = ()) -> list[int]:
-    """One distinct port per address that nothing listens on now, outside the ephemeral range and not
-    in ``taken`` (ports given to servers that have not started yet).
+    """One distinct port per address that nothing listens on now, in :func:`server_ports` and not in
+    ``taken`` (ports given to servers that have not started yet).
 
     The scan starts at a random port so that two launchers choosing at once rarely pick the same."""
-    low = ephemeral_range()[0]
-    first = RAY_WORKER_PORTS_END if low > RAY_WORKER_PORTS_END + 1000 else 1024
-    candidates = [port for port in range(first, low) if port not in taken]
+    span = server_ports()
+    candidates = [port for port in span if port not in taken]
     start = random.randrange(len(candidates))
     ports: list[int] = []
     with contextlib.ExitStack() as held:
@@ -50,7 +56,7 @@ def free_ports(addresses: Sequence[str], taken: Collection[int] = ()) -> list[in
                 ports.append(port)
                 break
             else:
-                raise FedsimError(f"no free TCP port between {first} and {low} on {', '.join(addresses)}")
+                raise FedsimError(f"no free TCP port in {span.start}-{span.stop - 1} on {', '.join(addresses)}")
     return ports
 
 

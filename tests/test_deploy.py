@@ -340,13 +340,14 @@ def test_free_ports_are_distinct_bindable_and_never_ephemeral(monkeypatch: pytes
     from fedsim import ports
 
     low, _ = ports.ephemeral_range()
+    span = ports.server_ports()
+    assert span.stop == low  # below what the kernel gives outgoing connections
     chosen = ports.free_ports(["127.0.0.1"] * 50)
     assert len(set(chosen)) == 50
-    assert all(ports.RAY_WORKER_PORTS_END <= p < low for p in chosen)  # no outgoing connection takes them
+    assert all(p in span for p in chosen)
     # a port something listens on, and a port promised to a server not yet started, are passed over
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", chosen[0]))
         busy.listen()
-        first = chosen[0] - ports.RAY_WORKER_PORTS_END
-        monkeypatch.setattr(ports.random, "randrange", lambda n: first)
+        monkeypatch.setattr(ports.random, "randrange", lambda n: chosen[0] - span.start)  # the scan starts there
         assert ports.free_ports(["127.0.0.1"], taken={chosen[0] + 1})[0] == chosen[0] + 2

@@ -63,8 +63,8 @@ def unavailable() -> str | None:
 def deploy_inside(cfg: RunConfig) -> dict[str, Any]:
     """Run the deployment of ``cfg`` (planned: its run directory fixed) in a private network; its summary."""
     cmd = [*UNSHARE, sys.executable, "-m", "fedsim.cli", "deploy", "-"]
-    env = {**os.environ, ENV: str(os.getpid())}
     parent = os.getpid()
+    env = {**os.environ, ENV: str(parent)}
 
     def setup() -> None:
         # this process passes Ctrl-C on, so the one inside must act on it even where this one was
