@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from fedsim.arrays import to_array_record
 from fedsim.client.runtime import round_seed
 from fedsim.config import RunConfig, parse_config
 from fedsim.data.batches import BatchStream
+from fedsim.engines.layout import choose_layout, usable_cores
 from fedsim.experiment import resolve
 from fedsim.runner import run
 from fedsim.server.aggregation import aggregate_arrayrecords
@@ -146,6 +146,9 @@ def paper_table(console: Console, out: Path, quick: bool) -> None:
     for name, engine, sim, vmap_clients in layouts:
         cfg = base_config(10, 10, "inline", engine, out, vmap_clients)
         cfg.simulation = cfg.simulation.model_copy(update=sim)
+        if sim.get("backend") == "auto":  # say what it chose here
+            chosen = choose_layout(cfg).simulation
+            name = f"{name}: {chosen.backend}, {chosen.threads} thread{'s' if chosen.threads != 1 else ''}"
         s = per_round(cfg, 3 if quick else 6)
         paper.add_row(name, f"{s:.3f}", f"{1 / s:.3f}", f"{s / floor:.2f}")
         console.print(f"  {name:28s}: {s:.3f} s/round, {s / floor:.2f}x floor")
@@ -197,10 +200,11 @@ def memory_table(console: Console, out: Path) -> None:
 
 
 ENGINES = [("local", "inline"), ("local", "ray"), ("flower", "inline")]
-CORES = len(os.sched_getaffinity(0))
-# fedsim's layouts at the paper setting; the first is the default (one thread: the same numbers on every machine)
+CORES = usable_cores()
+# fedsim's layouts at the paper setting; the first is the default, which fedsim.engines.layout makes concrete
 LAYOUTS: dict[str, dict[str, object]] = {
-    "inline, 1 thread (default)": {"backend": "inline", "threads": 1},
+    "the default (auto)": {"backend": "auto", "threads": "auto"},
+    "inline, 1 thread (the default until auto)": {"backend": "inline", "threads": 1},
     f"inline, {CORES} threads": {"backend": "inline", "threads": CORES},
     f"Ray pool, {CORES} workers x 1 thread": {"backend": "ray", "threads": 1},
 }

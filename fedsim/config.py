@@ -172,8 +172,11 @@ class ClientResources(_Strict):
 
 
 class SimulationConfig(_Strict):
-    backend: Literal["inline", "ray"] = Field(
-        "inline", description="engine local: clients in this process (inline) or on a Ray actor pool"
+    backend: Literal["auto", "inline", "ray"] = Field(
+        "auto",
+        description="engine local: clients in this process (inline) or on a Ray actor pool; auto: the pool when "
+        "this machine has 2+ cores and a round 2+ clients on the CPU (or ray_address is set), else inline "
+        "(fedsim.engines.layout)",
     )
     client_resources: ClientResources = Field(default_factory=ClientResources)
     ray_address: str | None = Field(
@@ -182,7 +185,18 @@ class SimulationConfig(_Strict):
         description="join an existing Ray cluster: auto, host:port (GCS) or ray://host:port (Ray Client)",
     )
     device: Literal["cpu", "cuda"] = "cpu"
-    threads: int = Field(1, ge=1, description="torch intra-op threads per client process")
+    threads: int | Literal["auto"] = Field(
+        "auto",
+        description="torch intra-op threads per process that trains clients; auto: every core inline, "
+        "client_resources.num_cpus (at least 1) per Ray worker or SuperNode",
+    )
+
+    @field_validator("threads", mode="before")
+    @classmethod
+    def _threads(cls, threads: Any) -> Any:
+        if threads == "auto" or (type(threads) is int and threads >= 1):
+            return threads
+        raise ValueError(f"simulation.threads = {brief(threads)}: give auto or a whole number of threads >= 1")
     state_memory_mb: float = Field(
         512.0, gt=0, description="engine local: client state (SCAFFOLD's c_i, FedBN's local tensors) a worker "
         "pool keeps in memory; beyond it, the least recently used clients' state waits on disk"

@@ -11,6 +11,7 @@ import torch
 
 from fedsim.client.vectorized import refusal
 from fedsim.config import RunConfig
+from fedsim.engines.layout import choose_layout
 from fedsim.engines.ray_cluster import check_ray_address
 from fedsim.errors import ConfigError
 from fedsim.experiment import Experiment, build_server, resolve
@@ -46,7 +47,7 @@ def plan(cfg: RunConfig, resume: bool = False) -> Experiment:
     options, the run directory, the Ray address, the data and its split, ``vmap_clients``), with its run
     directory fixed: ``output.run_dir``, else a new ``<output.dir>/<name>-<time>`` made for it."""
     use_run_env()
-    cfg = cfg.model_copy(deep=True)
+    cfg = choose_layout(cfg.model_copy(deep=True))  # before the Ray address check, which reads the backend
     experiment = resolve(cfg)
     if cfg.output.run_dir and not resume:
         check_fresh(Path(cfg.output.run_dir).resolve())

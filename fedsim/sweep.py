@@ -55,6 +55,7 @@ from pydantic import (
 )
 
 from fedsim.config import RunConfig, format_validation_error, load_config, read_yaml
+from fedsim.engines.layout import choose_layout, usable_cores
 from fedsim.errors import ERROR_FILE_ENV, ConfigError, FedsimError, TrainingError
 from fedsim.experiment import resolve
 from fedsim.processes import die_with_parent, signals_ignored, sigterm_as_interrupt, stop_tree
@@ -255,6 +256,17 @@ def claimed_sweep(out: Path) -> Iterator[None]:
         yield
 
 
+def cell_layout(cfg: RunConfig, sweep: SweepFile, workers: int) -> RunConfig:
+    """A cell's worker layout when the sweep runs several cells at once: inline on its share of the cores
+    (``cpus_per_run`` on Ray), since a Ray pool per cell would put every cell on every core. One cell at a
+    time chooses as ``fedsim run`` does (fedsim.engines.layout)."""
+    if sweep.ray is not None:
+        return choose_layout(cfg, max(1, int(sweep.ray.cpus_per_run)), pool=False)
+    if workers > 1:
+        return choose_layout(cfg, max(1, usable_cores() // workers), pool=False)
+    return cfg
+
+
 def _run_one(cfg_json: str, resume: bool = False) -> dict[str, Any]:
     from fedsim.runner import run
     from fedsim.server.checkpoint import resume_config
@@ -376,14 +388,15 @@ def run_sweep(
     :class:`~fedsim.errors.TrainingError` naming the failed cells. Any other error stops it.
     """
     out, runs = plan(path, overrides, output)
+    sweep = read_sweep(path)
+    workers = parallel if parallel is not None else sweep.parallel
+    if workers < 1:
+        raise ConfigError(f"--parallel {workers}: give a number of runs at once >= 1")
     states = {name: state_of(cfg) for name, cfg in runs}
-    todo = [(n, c, states[n] == "resume") for n, c in runs if states[n] != "done"]
+    todo = [(n, cell_layout(c, sweep, workers), states[n] == "resume") for n, c in runs if states[n] != "done"]
     resumed = sum(resume for _, _, resume in todo)
     to_resume = f", {resumed} to resume from their checkpoints" if resumed else ""
     log(f"sweep {out}: {len(runs)} runs, {len(runs) - len(todo)} already complete{to_resume}")
-    workers = parallel if parallel is not None else read_sweep(path).parallel
-    if workers < 1:
-        raise ConfigError(f"--parallel {workers}: give a number of runs at once >= 1")
     failed: list[str] = []
 
     def done(name: str, summary: dict[str, Any]) -> None:
@@ -393,7 +406,6 @@ def run_sweep(
         failed.append(name)
         log(f"  {name}: failed: {err}")
 
-    sweep = read_sweep(path)
     make_dir(out, "the sweep's output (--output or output: in the file)")
     with claimed_sweep(out), sigterm_as_interrupt():
         if sweep.ray is not None:

@@ -32,7 +32,7 @@ def cifar_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def small_config(tmp_path: Path, **sections: Any) -> dict[str, Any]:
-    """A fast run: MLP on the shipped MNIST subset, 4 clients, few rounds."""
+    """A fast run: MLP on the shipped MNIST subset, 4 clients, few rounds, inline on one thread."""
     cfg: dict[str, Any] = {
         "name": "t",
         "seed": 0,
@@ -42,6 +42,8 @@ def small_config(tmp_path: Path, **sections: Any) -> dict[str, Any]:
         "train": {"rounds": 4, "num_clients": 4, "local_steps": 3, "batch_size": 16, "lr": 0.05},
         "eval": {"every": 2},
         "output": {"dir": str(tmp_path / "runs"), "progress": False},
+        # tests compare numbers across engines and runs: one thread, and no Ray pool unless a test asks
+        "simulation": {"backend": "inline", "threads": 1},
     }
     for key, value in sections.items():
         if isinstance(value, dict) and isinstance(cfg.get(key), dict):

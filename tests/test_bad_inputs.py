@@ -92,8 +92,8 @@ CASES: dict[str, Case] = {
     "eval-global-not-bool": run("eval.global_test=maybe", expect=("eval.global_test", "valid boolean")),
     "eval-key-unknown": run("eval.extra=1", expect=("eval.extra", "unknown key")),
     # --- simulation
-    "backend-unknown": run("simulation.backend=gpu", expect=("simulation.backend", "'inline' or 'ray'")),
-    "threads-zero": run("simulation.threads=0", expect=("simulation.threads",)),
+    "backend-unknown": run("simulation.backend=gpu", expect=("simulation.backend", "'auto', 'inline' or 'ray'")),
+    "threads-zero": run("simulation.threads=0", expect=("simulation.threads", "auto or a whole number")),
     "vmap-zero": run("simulation.vmap_clients=0", expect=("simulation.vmap_clients",)),
     "device-unknown": run("simulation.device=tpu", expect=("simulation.device", "'cpu' or 'cuda'")),
     "device-cuda-without-cuda": run("simulation.device=cuda", expect=("simulation.device = 'cuda'", "no CUDA")),

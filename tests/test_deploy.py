@@ -319,7 +319,9 @@ def test_flwr_run_dot_runs_the_repository_as_a_flower_app(tmp_path: Path, monkey
             assert not list(tmp_path.glob("runs/deploy-smoke-*/error.txt"))
             time.sleep(0.5)
     (run_dir,) = tmp_path.glob("runs/deploy-smoke-*")
-    simulated = run(load_config(REPO / "configs" / "deploy_smoke.yaml", [f"output.dir={tmp_path / 'sim'}"]))
+    # `flwr run` hands the ServerApp and ClientApps the file as it is: threads auto, one per SuperNode
+    inline = [f"output.dir={tmp_path / 'sim'}", "simulation.backend=inline", "simulation.threads=1"]
+    simulated = run(load_config(REPO / "configs" / "deploy_smoke.yaml", inline))
     assert_same_numbers(metrics(run_dir), metrics(Path(simulated["run_dir"])))
 
 

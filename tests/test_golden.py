@@ -39,7 +39,7 @@ CASES: dict[str, list[str]] = {
     "fedavgm-partial": ["strategy.name=fedavgm", "strategy.server_momentum=0.9", "train.clients_per_round=5"],
 }
 ENGINES: dict[str, list[str]] = {
-    "inline": [],
+    "inline": ["simulation.backend=inline"],
     "ray-pool": ["simulation.backend=ray"],
     "flower": ["engine=flower"],
 }

@@ -21,12 +21,13 @@ QUICKSTART = REPO / "configs" / "quickstart.yaml"
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The quickstart (CNN + LN, MNIST subset, 10 clients) with one class per client, shortened to 2 rounds.
 
-    One torch thread (the quickstart asks for two): on a loaded 2-core machine the second thread's spinning
-    made this fixture 8x slower (48 s against 6 s measured)."""
+    Inline on one torch thread: on a loaded 2-core machine a second thread's spinning made this fixture 8x
+    slower (48 s against 6 s measured), and a Ray pool would add its start to a 2-round run."""
     out = tmp_path_factory.mktemp("runs")
     overrides = [
         "partition={name: n_class, classes_per_client: 1}", "train.rounds=2", "eval.every=2",
-        f"output.run_dir={out / 'quickstart'}", "output.progress=false", "simulation.threads=1",
+        f"output.run_dir={out / 'quickstart'}", "output.progress=false",
+        "simulation.backend=inline", "simulation.threads=1",
     ]  # fmt: skip
     return Path(run(load_config(QUICKSTART, overrides))["run_dir"])
 

@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from fedsim.config import parse_config
+from fedsim.engines.layout import usable_cores
 from fedsim.runner import run
 from tests.conftest import CIFAR_Q75, REPO, small_config, write_config
 
@@ -88,6 +89,11 @@ def test_quickstart_runs_to_completion_as_documented(tmp_path: Path) -> None:
     assert summary["rounds"] == 10
     assert summary["final_client_mean_acc"] > 0.8  # MNIST subset, LN CNN: learns well within 10 rounds
     assert "round" in proc.stderr and "client-mean acc" in proc.stderr  # the progress bar was shown
+    # the default layout, chosen for this machine and written down for a resume
+    cores = usable_cores()
+    layout = {"backend": "ray", "threads": 1} if cores >= 2 else {"backend": "inline", "threads": 1}
+    simulation = yaml.safe_load((run_dir / "config.yaml").read_text())["simulation"]
+    assert {k: simulation[k] for k in layout} == layout
 
 
 @pytest.mark.slow
@@ -96,6 +102,7 @@ def test_cifar10_paper_config_runs(tmp_path: Path, cifar_cache: Path) -> None:
     proc = _fedsim(
         "run", "configs/cifar10_1class_fedavg.yaml", "--set",
         "train.rounds=2", "eval.every=2", f"output.dir={tmp_path}", f"data.cache_dir={cifar_cache}",
+        "simulation.backend=inline", "simulation.threads=1",  # the default layout is the quickstart test's
         cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -22,6 +22,7 @@ from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.client.training import ClientRound, TrainResult, train_local
 from fedsim.config import RunConfig
 from fedsim.data.batches import BatchStream
+from fedsim.engines.layout import torch_threads
 from fedsim.evaluation import evaluate
 from fedsim.experiment import Experiment, resolve
 from fedsim.federation import Federation
@@ -53,7 +54,7 @@ class ClientRuntime:
     def __init__(self, experiment: Experiment) -> None:
         self.experiment = experiment
         self.cfg = cfg = experiment.config
-        torch.set_num_threads(cfg.simulation.threads)
+        torch.set_num_threads(torch_threads(cfg.simulation))
         self.device = torch.device(cfg.simulation.device)
         self.fed: Federation = experiment.federation()
         self.model = experiment.build_model().to(self.device)

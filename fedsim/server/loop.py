@@ -25,6 +25,7 @@ from fedsim import wire
 from fedsim.arrays import to_array_record
 from fedsim.config import RunConfig
 from fedsim.console import console, partition_table, summary_table
+from fedsim.engines.layout import torch_threads
 from fedsim.errors import ConfigError, TrainingError
 from fedsim.experiment import Experiment, build_server
 from fedsim.rundir import RunDir, default_run_dir
@@ -155,7 +156,7 @@ def run_server(grid: Grid, experiment: Experiment, resume: bool = False) -> dict
     cfg = experiment.config
     # The server's own evaluation sums in an order that depends on torch's thread count: fix it, so
     # the numbers do not depend on what ran before in this process (a test session, a sweep)
-    torch.set_num_threads(cfg.simulation.threads)
+    torch.set_num_threads(torch_threads(cfg.simulation))
     fed = experiment.federation()
     out = RunDir(cfg.output.run_dir or default_run_dir(cfg), cfg.output.tensorboard)
     resumed = Checkpoint.load(out.path, cfg) if resume else None
