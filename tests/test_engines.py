@@ -72,24 +72,37 @@ def test_client_state_beyond_the_budget_waits_on_disk_and_changes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SCAFFOLD's c_i of every client in the driver's memory would grow with the federation: beyond
-    simulation.state_memory_mb the least recently used states go to disk, and the numbers stay the same."""
+    simulation.state_memory_mb the least recently used states go to disk, memory holds the budget and
+    the state being served, never more (not even when a checkpoint asks every node for its state), and
+    the numbers stay the same."""
     from fedsim.engines.states import NodeStates, state_bytes
 
-    section = {"strategy": {"name": "scaffold"}, "train": {"clients_per_round": 2}}
+    section = {
+        "strategy": {"name": "scaffold"},
+        "train": {"clients_per_round": 2},
+        "output": {"checkpoint_every": 2},  # each checkpoint: a message to every node, its state loaded
+    }
     in_memory = metrics_of(tmp_path, "memory", **section)
     c_i = sum(p.numel() * 4 for p in torch.nn.Linear(784, 64, bias=False).parameters())  # the MLP's largest layer
-    budget_mb = 1.5 * c_i / 2**20  # room for about one client's c_i
-    resident: list[int] = []
+    budget_mb = 1.5 * c_i / 2**20  # room for one client's c_i (the whole MLP's: a few % more than c_i)
+    in_memory_after_load: list[int] = []
+    one_state: list[int] = []
     spilled: list[int] = []
-    settle = NodeStates.settle
+    load, settle = NodeStates.load, NodeStates.settle
 
-    def watched(self: NodeStates, nodes: list[int]) -> None:
+    def loading(self: NodeStates, node: int) -> None:
+        load(self, node)
+        in_memory_after_load.append(sum(state_bytes(c) for c in self.contexts.values()))
+        one_state.append(state_bytes(self.contexts[node]))
+
+    def settling(self: NodeStates, nodes: list[int]) -> None:
         settle(self, nodes)
-        resident.append(sum(state_bytes(self.contexts[n]) for n in self.contexts))
         spilled.append(len(self.spilled))
 
-    monkeypatch.setattr(NodeStates, "settle", watched)
+    monkeypatch.setattr(NodeStates, "load", loading)
+    monkeypatch.setattr(NodeStates, "settle", settling)
     on_disk = metrics_of(tmp_path, "disk", simulation={"state_memory_mb": budget_mb}, **section)
     assert on_disk == in_memory
     assert max(spilled) >= 2  # most clients' c_i waited on disk ...
-    assert max(resident) <= budget_mb * 2**20  # ... and memory never held more than the budget
+    # ... and memory held at most the budget plus the one state being served
+    assert max(in_memory_after_load) <= budget_mb * 2**20 + max(one_state)

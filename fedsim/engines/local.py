@@ -53,17 +53,22 @@ def handle(app: ClientApp, message: Message, context: Context) -> Message:
 
 def deliver(app: ClientApp, messages: Sequence[Message], nodes: NodeStates) -> list[Message]:
     """Every message's reply, in order: groups of train messages through fedsim's ClientRuntime at once
-    (``simulation.vmap_clients``), every other message through the ClientApp alone."""
-    jobs = [(m, nodes[m.metadata.dst_node_id]) for m in messages]
+    (``simulation.vmap_clients``), every other message through the ClientApp alone. A node's state is
+    loaded only while its message is served, so a batch to every node (a checkpoint's) holds one state
+    beyond ``simulation.state_memory_mb`` at a time, not the federation's."""
+    jobs = [(m, nodes.contexts[m.metadata.dst_node_id]) for m in messages]  # states load when served
     replies: dict[int, Message] = {}
     for group in train_groups(jobs):
-        try:
-            replies.update(zip(group, train_together([jobs[i] for i in group]), strict=True))
-        except Exception as err:  # every client of the group failed with it
-            replies.update((i, wire.error_reply(jobs[i][0], err)) for i in group)
-    out = [replies[i] if i in replies else handle(app, *jobs[i]) for i in range(len(jobs))]
-    nodes.settle([m.metadata.dst_node_id for m in messages])
-    return out
+        with nodes.serving([jobs[i][0].metadata.dst_node_id for i in group]):
+            try:
+                replies.update(zip(group, train_together([jobs[i] for i in group]), strict=True))
+            except Exception as err:  # every client of the group failed with it
+                replies.update((i, wire.error_reply(jobs[i][0], err)) for i in group)
+    for i, (message, context) in enumerate(jobs):
+        if i not in replies:
+            with nodes.serving([message.metadata.dst_node_id]):
+                replies[i] = handle(app, message, context)
+    return [replies[i] for i in range(len(jobs))]
 
 
 def node_states(run_id: int, partitions: Sequence[int], num_partitions: int, memory_mb: float) -> NodeStates:

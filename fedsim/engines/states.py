@@ -11,9 +11,11 @@ and write ``Context.state`` through the ClientApp, which always sees a node's wh
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 
 from flwr.app import Context
@@ -39,14 +41,22 @@ class NodeStates:
     def node_ids(self) -> list[int]:
         return list(self.contexts)
 
-    def __getitem__(self, node: int) -> Context:
-        """The node's context with its whole state in memory (read back from disk if it was spilled)."""
-        context = self.contexts[node]
+    def load(self, node: int) -> None:
+        """Put the node's whole state in memory (read back from disk if it was spilled)."""
         if node in self.spilled:
-            context.state.update(decode(self._path(node).read_bytes()))
+            self.contexts[node].state.update(decode(self._path(node).read_bytes()))
             self._path(node).unlink()
             self.spilled.discard(node)
-        return context
+
+    @contextlib.contextmanager
+    def serving(self, nodes: list[int]) -> Iterator[None]:
+        """Within: ``nodes``' whole states in memory. After: settled (spilled beyond the budget)."""
+        for node in nodes:
+            self.load(node)
+        try:
+            yield
+        finally:
+            self.settle(nodes)
 
     def settle(self, nodes: list[int]) -> None:
         """After ``nodes`` were served: count their states, then spill the least recent beyond the budget."""
