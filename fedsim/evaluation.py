@@ -9,6 +9,13 @@ import torch.nn.functional as F
 
 from fedsim.models import FedsimModel
 
+# Images per forward pass. Each image's logits are its own, so this changes no number (on this machine
+# the paper CNN's logits are bit-identical in chunks of 32, 50 or 100 and in whole batches of 500), but
+# a batch of 500 CIFAR images has activations of tens of MB, which fall out of cache: scoring 5,000
+# images on one thread took 2.46 s in batches of 500 and 1.22 s in chunks of 50. The loss is still
+# summed over ``eval.batch_size`` images at a time, as before.
+FORWARD_CHUNK = 50
+
 
 @torch.no_grad()
 def evaluate(
@@ -30,8 +37,8 @@ def evaluate(
     loss = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros(num_classes, dtype=torch.int64, device=device)
     for start in range(0, len(y), batch_size):
-        xb, yb = to_inputs(x[start : start + batch_size]), y[start : start + batch_size]
-        logits = model(xb)
+        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+        logits = torch.cat([model(to_inputs(xb[k : k + FORWARD_CHUNK])) for k in range(0, len(yb), FORWARD_CHUNK)])
         loss += F.cross_entropy(logits, yb, reduction="sum").double()
         correct.index_add_(0, yb, (logits.argmax(1) == yb).long())
     totals = torch.zeros(num_classes, dtype=torch.int64, device=device).index_add_(0, y, torch.ones_like(y))
