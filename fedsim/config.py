@@ -162,7 +162,9 @@ class TrainConfig(_Strict):
 
 class EvalConfig(_Strict):
     every: int = Field(10, ge=1, description="evaluate every k rounds (and after the last)")
-    batch_size: int = Field(500, ge=1)
+    batch_size: int = Field(
+        500, ge=1, description="images whose loss is summed at once (the forward pass runs in chunks of 50 inside it)"
+    )
     global_test: bool = Field(True, description="also evaluate the global model on the whole test set")
 
 

@@ -1,0 +1,132 @@
+"""Seconds per round and peak memory at 10, 100 and 1,000 clients: FedAvg and SCAFFOLD, inline and Ray pool.
+
+    python benchmarks/scale.py                # 50 rounds per cell, 12 cells (about 30 minutes on 2 cores)
+    python benchmarks/scale.py --rounds 10    # a quicker look
+
+The cross-device setting: CIFAR-10 (q75), Dirichlet(0.5), the paper CNN, 100 clients sampled a round
+(all 10 at 10 clients), 2 local steps of batch 32 (a 1,000-client share is about 38 images, so two steps
+are about two epochs of it), evaluation once, after the last round. Each cell is a ``fedsim run``
+process of its own, watched from here every 0.5 s:
+
+- s / round: the run's ``steady_s_per_round`` (rounds 2 to the last, evaluation excluded);
+- driver peak RSS: the fedsim process's high-water mark (``VmHWM``), where inline clients and their
+  state live;
+- all processes, peak PSS: the largest sum, over the samples, of the proportional set size of the
+  fedsim process and every process under it (Ray's workers, where the pool's clients and their state
+  live, and Ray's own services); PSS counts a shared library once, not once per process.
+
+SCAFFOLD's c_i of the paper CNN is 3.2 MB a client: 3.2 GB for 1,000 clients if every client's state
+stayed in memory. fedsim keeps up to ``simulation.state_memory_mb`` (512 by default) of it and the rest
+on disk (fedsim.engines.states).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from fedsim.processes import tree
+
+REPO = Path(__file__).resolve().parents[1]
+CIFAR = REPO.parent / "shared" / "datasets" / "cifar10_jpg_q75.tar.gz"
+SIZES = (10, 100, 1000)
+STRATEGIES = ("fedavg", "scaffold")
+BACKENDS = ("inline", "ray")
+
+
+def cell_config(clients: int, strategy: str, backend: str, rounds: int, out: Path) -> dict[str, object]:
+    name = f"scale-{clients}-{strategy}-{backend}"
+    return {
+        "name": name,
+        "seed": 0,
+        "data": {"dataset": "imagefolder", "root": str(CIFAR), "augment": True},
+        "partition": {"name": "dirichlet", "beta": 0.5},
+        "model": {"name": "cnn", "norm": "none"},
+        "strategy": {"name": strategy},
+        "train": {
+            "num_clients": clients,
+            "clients_per_round": min(clients, 100),
+            "local_steps": 2,
+            "batch_size": 32,
+            "lr": 0.01,
+            "rounds": rounds,
+        },
+        "eval": {"every": rounds, "global_test": False},
+        "simulation": {"backend": backend},  # threads: auto (inline on every core; one per pool worker)
+        "output": {"run_dir": str(out / name), "progress": False, "save_model": False},
+    }
+
+
+def _kib(pid: int, path: str, field: str) -> int:
+    """A ``field: N kB`` line of /proc/<pid>/<path>, 0 if the process is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/{path}").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def run_cell(cfg: dict[str, object], out: Path) -> dict[str, float]:
+    """Run one cell as its own process; its steady s / round and peak memory (MiB)."""
+    path = out / f"{cfg['name']}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-c", "from fedsim.cli import main; main()", "run", str(path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    driver_hwm = all_pss = 0
+    while proc.poll() is None:
+        driver_hwm = max(driver_hwm, _kib(proc.pid, "status", "VmHWM"))
+        all_pss = max(all_pss, sum(_kib(pid, "smaps_rollup", "Pss") for pid, _ in tree({proc.pid})))
+        time.sleep(0.5)
+    if proc.returncode != 0:
+        raise SystemExit(f"{cfg['name']} failed ({proc.returncode}):\n{proc.stderr.read()[-3000:]}")
+    summary = json.loads((out / str(cfg["name"]) / "summary.json").read_text())
+    return {"s_round": summary["steady_s_per_round"], "driver_mib": driver_hwm / 1024, "all_mib": all_pss / 1024}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=50)
+    args = parser.parse_args()
+    if not CIFAR.exists():
+        raise SystemExit(f"CIFAR-10 (q75) not found at {CIFAR}: see ../shared/datasets/README")
+    console = Console()
+    out = Path(tempfile.mkdtemp(prefix="fedsim-scale-"))
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    table = Table(title=f"{args.rounds} rounds, CIFAR-10, Dirichlet(0.5), paper CNN, 100 clients a round, 2 steps")
+    for col in ("strategy", "backend", "clients", "s / round", "driver peak RSS MiB", "all processes peak PSS MiB"):
+        table.add_column(col)
+    results: dict[tuple[str, str, int], dict[str, float]] = {}
+    for strategy in STRATEGIES:
+        for backend in BACKENDS:
+            for clients in SIZES:
+                r = results[strategy, backend, clients] = run_cell(
+                    cell_config(clients, strategy, backend, args.rounds, out), out
+                )
+                line = f"{r['s_round']:.3f}", f"{r['driver_mib']:.0f}", f"{r['all_mib']:.0f}"
+                table.add_row(strategy, backend, str(clients), *line)
+                console.print(f"  {strategy:8s} {backend:6s} {clients:5d} clients: {' / '.join(line)}")
+    console.print(table)
+    for strategy in STRATEGIES:
+        for backend in BACKENDS:
+            small, large = results[strategy, backend, SIZES[0]], results[strategy, backend, SIZES[-1]]
+            driver, every = (large[k] / small[k] for k in ("driver_mib", "all_mib"))
+            console.print(
+                f"{strategy} {backend}: {SIZES[-1]} against {SIZES[0]} clients: "
+                f"driver RSS {driver:.2f}x, all processes {every:.2f}x"
+            )
+
+
+if __name__ == "__main__":
+    main()
