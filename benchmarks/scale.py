@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=50)
     args = parser.parse_args()
     if not CIFAR.exists():
-        raise SystemExit(f"CIFAR-10 (q75) not found at {CIFAR}: see ../shared/datasets/README")
+        raise SystemExit(f"CIFAR-10 (q75) not found at {CIFAR}: this benchmark needs the JPEG q75 archive there")
     console = Console()
     out = Path(tempfile.mkdtemp(prefix="fedsim-scale-"))
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
