@@ -237,6 +237,21 @@ def test_nan_stop_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "no checkpoint was written (output.checkpoint_every: 0)" in err
 
 
+def test_a_global_model_that_evaluates_to_nan_stops_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Weight decay of 1e30 and one local step: every weight finite (about 5e28) and the training loss too
+    (taken before the step), but the global model's forward pass overflows. That is a diverged run, not a
+    finished one: one line, exit 2, no metrics line and no summary."""
+    run_dir = tmp_path / "r"
+    overrides = ["train.rounds=1", "train.local_steps=1", "train.weight_decay=1e30", "output.progress=false",
+                 "simulation.backend=inline", "simulation.threads=1", f"output.run_dir={run_dir}"]  # fmt: skip
+    assert main(["run", str(REPO / "configs" / "quickstart.yaml"), "--set", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedsim: error: training diverged in round 1: the global model's evaluation loss is not "
+                          "finite on clients 0, 1, 2, 3, 4 (and 5 more) and on the whole test set")  # fmt: skip
+    assert "lower train.lr or train.weight_decay" in err and "Traceback" not in err
+    assert metrics(run_dir) == [] and not (run_dir / "summary.json").exists() and not (run_dir / "model.pt").exists()
+
+
 def test_resume_refuses_what_it_cannot_continue(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     def error(*argv: str) -> str:
         assert main(["run", *argv]) == 2

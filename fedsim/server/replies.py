@@ -63,3 +63,20 @@ def divergence(replies: list[Message], aggregate: ArrayRecord | None, max_loss: 
                 problems.append(f"client {wire.partition_of(m)}: non-finite weights in {', '.join(names[:3])}")
         problems = problems or [f"the aggregated model has non-finite weights in {', '.join(bad[:3])}"]
     return problems
+
+
+def evaluation_divergence(client_losses: dict[int, float], global_loss: float | None, arrays: ArrayRecord) -> str:
+    """Why the global model's evaluation shows it diverged (its loss on some client's test split, or on the
+    whole test set, is NaN / inf: finite weights too large for a forward pass); empty when it did not."""
+    bad = [str(pid) for pid, loss in sorted(client_losses.items()) if not np.isfinite(loss)]
+    where = [f"clients {', '.join(bad[:5])}" + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")] if bad else []
+    if global_loss is not None and not np.isfinite(global_loss):
+        where.append("the whole test set")
+    if not where:
+        return ""
+    shown = " and on ".join(where)
+    largest = max((float(np.abs(array_view(a)).max(initial=0.0)) for a in arrays.values()), default=0.0)
+    return (
+        f"the global model's evaluation loss is not finite on {shown} (its largest weight is {largest:.3g}); "
+        "lower train.lr or train.weight_decay"
+    )

@@ -18,9 +18,11 @@ from flwr.app import ArrayRecord
 from fedsim.arrays import load_arrays
 from fedsim.console import RoundProgress
 from fedsim.diagnostics import ProbeDiagnostics
+from fedsim.errors import TrainingError
 from fedsim.evaluation import evaluate
 from fedsim.experiment import Experiment
 from fedsim.rundir import RunDir
+from fedsim.server.replies import evaluation_divergence
 
 
 def resident_mb() -> float:
@@ -127,6 +129,9 @@ class RoundReporter:
         }
         if self.global_eval is not None:
             record.update(self.global_eval(arrays))
+        client_losses = {pid: score.loss for pid, score in scores.items()}
+        if why := evaluation_divergence(client_losses, record.get("global_loss"), arrays):  # before any line
+            raise TrainingError(f"training diverged in round {server_round}: {why}")
         if self.diagnostics is not None:
             record.update(self.diagnostics(arrays))
         record["client_acc"] = list(client_acc.values())  # None: no test data, or the client failed
