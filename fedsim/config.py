@@ -277,6 +277,9 @@ class DeployConfig(_Strict):
         return self
 
 
+PROBE_SIZE = 256  # the probe batch when diagnostics.probe_size is not given (and the test set holds as many)
+
+
 class DiagnosticsConfig(_Strict):
     """What ``fedsim.diagnostics`` measures on a fixed probe batch at each evaluation (all off: free)."""
 
@@ -285,17 +288,18 @@ class DiagnosticsConfig(_Strict):
     )
     isometry: bool = Field(False, description="isometry I(G) of the features entering each linear / conv layer")
     grad_norms: bool = Field(False, description="gradient norm per parameter of the initial model (first line)")
-    probe_size: int = Field(256, ge=2, description="the probe batch: the first probe_size test images")
+    probe_size: int | None = Field(
+        None, ge=2, description=f"the probe batch: the first probe_size test images (null: {PROBE_SIZE}, or the "
+        "whole test set when it is smaller; a size the test set cannot give is refused)",
+    )
     isometry_size: int = Field(
         10, ge=2, description="the first isometry_size probe images form the Gram (keep <= every layer width)"
     )
 
     @model_validator(mode="after")
     def _sizes(self) -> DiagnosticsConfig:
-        if self.isometry_size > self.probe_size:
-            raise ValueError(
-                f"diagnostics.isometry_size = {self.isometry_size} must be <= probe_size ({self.probe_size})"
-            )
+        if self.isometry_size > (probe := self.probe_size or PROBE_SIZE):
+            raise ValueError(f"diagnostics.isometry_size = {self.isometry_size} must be <= probe_size ({probe})")
         return self
 
 

@@ -35,7 +35,8 @@ from flwr.app import ArrayRecord
 from torch import nn
 
 from fedsim.arrays import load_arrays
-from fedsim.config import DiagnosticsConfig
+from fedsim.config import PROBE_SIZE, DiagnosticsConfig
+from fedsim.errors import ConfigError
 from fedsim.experiment import Experiment
 from fedsim.models import FedsimModel
 
@@ -141,6 +142,20 @@ def _short(values: torch.Tensor) -> list[float]:
 _FEATURE_KEYS = ("feature_sv", "feature_erank", "feature_norm_mean", "feature_norm_std")
 
 
+def probe_images(d: DiagnosticsConfig, test_images: int) -> int:
+    """How many test images the probe batch takes: ``probe_size``, or 256 (the whole test set when smaller)
+    when it is not given. A size the test set cannot give is refused, whether or not a diagnostic is on:
+    it was asked for, and cutting it down silently would measure something else."""
+    if d.probe_size is None:
+        return min(PROBE_SIZE, test_images)
+    if d.probe_size > test_images:
+        raise ConfigError(
+            f"diagnostics.probe_size = {d.probe_size} is larger than the test set ({test_images} images); give "
+            "at most that, or leave it out for 256 (or the whole test set when smaller)"
+        )
+    return d.probe_size
+
+
 class ProbeDiagnostics:
     """The diagnostics ``diagnostics:`` asks for, on the first ``probe_size`` test images.
 
@@ -167,8 +182,9 @@ class ProbeDiagnostics:
         ds = fed.dataset
         with torch.random.fork_rng(devices=[]):  # building must not move the server's RNG
             model = experiment.build_model()
-        x = fed.input_transform(cfg.data.normalize)(ds.x_test[: d.probe_size])  # what the clients see
-        return cls(d, model, x, ds.y_test[: d.probe_size])
+        n = probe_images(d, len(ds.y_test))
+        x = fed.input_transform(cfg.data.normalize)(ds.x_test[:n])  # what the clients see
+        return cls(d, model, x, ds.y_test[:n])
 
     def at_init(self, arrays: ArrayRecord, seed: int = 0) -> None:
         """Round 0: the initial gradient norms, held for the first metrics line."""

@@ -26,7 +26,7 @@ from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.client.runtime import ClientRuntime, round_seed
 from fedsim.client.training import ClientRound, train_local
 from fedsim.config import RunConfig, apply_overrides, parse_config, read_yaml
-from fedsim.diagnostics import ProbeDiagnostics
+from fedsim.diagnostics import ProbeDiagnostics, probe_images
 from fedsim.errors import ConfigError, DataError
 from fedsim.evaluation import evaluate
 from fedsim.experiment import resolve
@@ -132,8 +132,9 @@ def _probe(runtime: ClientRuntime) -> ProbeDiagnostics:
     """The run's probe batch and diagnostics, with the feature diagnostics on, measuring the training model."""
     cfg = runtime.cfg.diagnostics.model_copy(update={"features": True, "grad_norms": False})
     ds = runtime.fed.dataset
-    x = runtime.to_inputs(ds.x_test[: cfg.probe_size]).to(runtime.device)
-    return ProbeDiagnostics(cfg, runtime.model, x, ds.y_test[: cfg.probe_size].to(runtime.device))
+    n = probe_images(cfg, len(ds.y_test))
+    x = runtime.to_inputs(ds.x_test[:n]).to(runtime.device)
+    return ProbeDiagnostics(cfg, runtime.model, x, ds.y_test[:n].to(runtime.device))
 
 
 def _scores(runtime: ClientRuntime, own: torch.Tensor) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import torch
 
 from fedsim.client.vectorized import refusal
 from fedsim.config import RunConfig
+from fedsim.diagnostics import probe_images
 from fedsim.engines.layout import choose_layout
 from fedsim.engines.ray_cluster import check_ray_address
 from fedsim.errors import ConfigError
@@ -88,12 +89,7 @@ def check_sizes(cfg: RunConfig, fed: Federation) -> None:
             f"train.batch_size = {cfg.train.batch_size} is larger than the whole training set "
             f"({len(ds.y_train)} images of {ds.name!r}); give at most that"
         )
-    d = cfg.diagnostics
-    if (d.features or d.isometry or d.grad_norms) and d.probe_size > len(ds.y_test):
-        raise ConfigError(
-            f"diagnostics.probe_size = {d.probe_size} is larger than the test set ({len(ds.y_test)} images); "
-            "give at most that"
-        )
+    probe_images(cfg.diagnostics, len(ds.y_test))
 
 
 def new_run_dir(parent: Path, name: str) -> Path:

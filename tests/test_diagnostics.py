@@ -13,7 +13,7 @@ from PIL import Image
 from torch import nn
 
 from fedsim.cli import main
-from fedsim.config import parse_config
+from fedsim.config import DiagnosticsConfig, parse_config
 from fedsim.diagnostics import (
     ProbeDiagnostics,
     effective_rank,
@@ -21,6 +21,7 @@ from fedsim.diagnostics import (
     isometry,
     isometry_gap,
     layer_inputs,
+    probe_images,
     singular_values,
 )
 from fedsim.errors import ConfigError
@@ -144,6 +145,16 @@ def test_diagnostics_config_defaults_off_and_is_strict(tmp_path: Path) -> None:
         parse_config(small_config(tmp_path, diagnostics={"feature": True}))
     with pytest.raises(ConfigError, match="isometry_size = 20 must be <= probe_size"):
         parse_config(small_config(tmp_path, diagnostics={"probe_size": 16, "isometry_size": 20}))
+
+
+def test_the_probe_is_256_images_or_the_whole_smaller_test_set_and_a_given_size_must_fit() -> None:
+    """Left out, the probe takes 256 test images, or all of a smaller test set; a given size the test set
+    cannot give is refused even with every diagnostic off (it was asked for: never cut down silently)."""
+    assert probe_images(DiagnosticsConfig(), 1000) == 256
+    assert probe_images(DiagnosticsConfig(), 100) == 100
+    assert probe_images(DiagnosticsConfig(probe_size=64), 100) == 64
+    with pytest.raises(ConfigError, match=r"diagnostics.probe_size = 100000 is larger than the test set \(1000 images"):
+        probe_images(DiagnosticsConfig(probe_size=100_000), 1000)
 
 
 # ---------------------------------------------------------------- end to end
