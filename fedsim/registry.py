@@ -172,7 +172,8 @@ class Registry(Generic[T]):
             cls = self.get(name)
         except RegistryError as err:
             raise ConfigError(f"{where}.name: {err}") from err
-        owner = f"{self.kind.rstrip('s')} {name!r}"
+        one = self.kind[:-3] + "y" if self.kind.endswith("ies") else self.kind.removesuffix("s")  # strategies
+        owner = f"{one} {name!r}"
         params = validate_options(cls.Params, options, where, owner)  # type: ignore[attr-defined]
         return Resolved(name, cls, params, where)
 
@@ -214,7 +215,8 @@ def validate_options(params_cls: type[P], options: Mapping[str, Any] | None, whe
             elif e["type"] == "value_error" and not e["loc"]:  # a Params validator across fields
                 problems.append(f"{where}{owner}: {e['ctx']['error']}")
             else:
-                problems.append(f"{field} = {brief(e['input'])}{owner}: {e['msg']}")
+                msg = e["msg"].removeprefix("Value error, ")  # a field validator's ValueError: its text alone
+                problems.append(f"{field} = {brief(e['input'])}{owner}: {msg}")
         raise ConfigError("; ".join(problems)) from err
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import inspect
 import typing
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from flwr.serverapp.strategy import Strategy
-from pydantic import ConfigDict, create_model
+from pydantic import ConfigDict, Field, create_model
 
 from fedsim.client.hooks import ClientHooks
 from fedsim.registry import PluginParams, Registry
@@ -49,6 +49,42 @@ class FlowerStrategySpec(StrategySpec):
         return self.strategy_class(**self.params.model_dump(exclude_unset=True))
 
 
+# The ranges Flower's strategies need but their signatures do not state (Flower checks only
+# FedTrimmedAvg's beta, and only once built), by constructor argument: a wrapped class's argument of
+# one of these names that a Flower class in its MRO takes gets the range, so a bad value is a config
+# error naming the field, not NaN weights (or a silent ascent) rounds later.
+FLOWER_RANGES: dict[str, dict[str, float]] = {
+    "fraction_train": {"ge": 0, "le": 1},  # fractions of the nodes
+    "fraction_evaluate": {"ge": 0, "le": 1},
+    "min_train_nodes": {"ge": 0},  # numbers of nodes
+    "min_evaluate_nodes": {"ge": 0},
+    "min_available_nodes": {"ge": 0},
+    "eta": {"gt": 0},  # FedOpt's server learning rate: a negative one ascends the loss
+    "eta_l": {"gt": 0},  # FedOpt's client learning rate (documented; Flower's server never reads it)
+    "beta_1": {"ge": 0, "lt": 1},  # FedAdam divides by 1 - beta_1^t
+    "beta_2": {"ge": 0, "lt": 1},  # v >= 0 (√v is taken) needs beta_2 <= 1; FedAdam's step is 0 at 1
+    "tau": {"gt": 0},  # v starts at 0: m / (√v + tau) is 0/0 on a tensor that did not move
+    "proximal_mu": {"ge": 0},  # a negative μ rewards drifting from the global model
+    "server_learning_rate": {"gt": 0},  # FedAvgM
+    "server_momentum": {"ge": 0, "lt": 1},  # FedAvgM's momentum buffer grows without bound at >= 1
+    "beta": {"ge": 0, "lt": 0.5},  # FedTrimmedAvg's cut fraction from each tail (its own check)
+    "q": {"ge": 0},  # QFedAvg's fairness exponent (0: FedAvg); its h weights need q >= 0
+    "client_learning_rate": {"gt": 0},  # QFedAvg's L = 1 / client_learning_rate
+    "num_malicious_nodes": {"ge": 0},  # Krum, MultiKrum, Bulyan
+    "num_nodes_to_select": {"ge": 1},  # MultiKrum
+}
+
+
+def _flower_arguments(cls: type) -> set[str]:
+    """The constructor arguments of the classes from the ``flwr`` package in ``cls``'s MRO."""
+    return {
+        name
+        for base in cls.__mro__
+        if base.__module__.startswith("flwr.")
+        for name in inspect.signature(base.__init__).parameters
+    }
+
+
 def wrap_flower_strategy(obj: object) -> type[StrategySpec] | None:
     """A spec for a Flower ``Strategy`` class, whose ``Params`` are its constructor's keyword arguments."""
     if not (isinstance(obj, type) and issubclass(obj, Strategy)):
@@ -57,12 +93,16 @@ def wrap_flower_strategy(obj: object) -> type[StrategySpec] | None:
         hints = typing.get_type_hints(obj.__init__)
     except Exception:  # an annotation that does not resolve: accept any value for it
         hints = {}
+    flower_args = _flower_arguments(obj)
     fields: dict[str, Any] = {}
     for name, p in inspect.signature(obj.__init__).parameters.items():
         if name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
         default = ... if p.default is inspect.Parameter.empty else p.default
-        fields[name] = (hints.get(name, Any), default)
+        hint = hints.get(name, Any)
+        if name in FLOWER_RANGES and name in flower_args and hint in (int, float):
+            hint = Annotated[hint, Field(**FLOWER_RANGES[name])]
+        fields[name] = (hint, default)
     config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
     params = create_model(f"{obj.__name__}Params", __config__=config, **fields)
     doc = (obj.__doc__ or "").strip().splitlines()

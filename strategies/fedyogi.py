@@ -11,12 +11,13 @@ x ← x + η·m/(√v + τ) (:func:`yogi_step`, Flower's float operations in Flo
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.serverapp.strategy import Strategy
-from pydantic import Field
+from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
+from pydantic_core import PydanticCustomError
 
 from fedsim.arrays import array_view, ndarray_to_array
 from fedsim.server.aggregation import FastAveraging
@@ -82,10 +83,25 @@ class FedYogiSpec(StrategySpec):
 
     class Params(AdaptiveParams):
         eta: float = Field(0.01, gt=0, description="server learning rate η (LN-FL)")
-        v0: float | Literal["tau^2"] = Field("tau^2", description="initial v (Flower: 0)")
+        v0: float | Literal["tau^2"] = Field("tau^2", description="initial v, >= 0 (Flower: 0)")
         scope: Literal["parameters", "all"] = Field(
             "parameters", description="tensors Yogi updates; the rest are averaged (Flower: all)"
         )
+
+        @field_validator("v0", mode="wrap")
+        @classmethod
+        def _v0_range(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> float | str:
+            # v stays >= 0, so √v exists, only from v0 >= 0 (with 0 <= β₂ < 1 the Yogi step keeps it
+            # there): a negative v0 is NaN in round 1. One error, not one per member of the union.
+            try:
+                v0 = handler(value)
+            except ValidationError:
+                v0 = None
+            if v0 is None or (v0 != "tau^2" and v0 < 0):
+                raise PydanticCustomError(
+                    "v0_range", "Input should be 'tau^2' or a finite number greater than or equal to 0 (Yogi takes √v)"
+                )
+            return v0
 
     def server(self, setup: ServerSetup) -> Strategy:
         p = self.params

@@ -1,0 +1,181 @@
+"""Plugin options outside the range their maths needs are refused up front, naming the field and the range.
+
+The rows are bad-input corpus rows (:mod:`tests.test_bad_inputs`: same ``run(...)`` helper, checked by its
+own test: exit status 2, one ``fedsim: error:`` line, nothing created), grouped here by the audit that
+found them: ``strategy: {name: fedyogi, v0: -1}`` passed validation and failed in round 1 with NaN weights;
+stock Flower strategies named by dotted path took any float (``eta: -1`` trained uphill to the end).
+Boundary values of each range still validate and build (no training: the run's own pre-flight checks).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedsim.experiment import load_experiment
+from fedsim.runner import check_halves
+from tests import test_bad_inputs as corpus
+from tests.conftest import small_config, write_config
+
+run = corpus.run
+FLOWER = "flwr.serverapp.strategy"
+
+# the gaps this audit closed
+TIGHTENED: dict[str, corpus.Case] = {
+    "fedyogi-v0-negative": run(
+        "strategy={name: fedyogi, v0: -1}",
+        expect=("strategy.v0 = -1", "'tau^2' or a finite number greater than or equal to 0"),
+    ),
+    "fedyogi-v0-text-one-message": run(
+        "strategy={name: fedyogi, v0: big}", expect=("strategy.v0 = 'big'", "greater than or equal to 0")
+    ),
+    # stock Flower strategies: FLOWER_RANGES in strategies/base.py
+    "flower-fedadam-eta-negative": run(
+        f"strategy={{name: '{FLOWER}:FedAdam', eta: -1}}", expect=("strategy.eta = -1", "greater than 0")
+    ),
+    "flower-fedadam-eta-zero": run(
+        f"strategy={{name: '{FLOWER}:FedAdam', eta: 0}}", expect=("strategy.eta = 0", "greater than 0")
+    ),
+    "flower-fedadam-eta-l-zero": run(
+        f"strategy={{name: '{FLOWER}:FedAdam', eta_l: 0}}", expect=("strategy.eta_l = 0", "greater than 0")
+    ),
+    "flower-fedadam-beta1-one": run(
+        f"strategy={{name: '{FLOWER}:FedAdam', beta_1: 1}}", expect=("strategy.beta_1 = 1", "less than 1")
+    ),
+    "flower-fedadam-beta1-negative": run(
+        f"strategy={{name: '{FLOWER}:FedAdam', beta_1: -0.1}}",
+        expect=("strategy.beta_1 = -0.1", "greater than or equal to 0"),
+    ),
+    "flower-fedadam-beta2-above-one": run(
+        f"strategy={{name: '{FLOWER}:FedAdam', beta_2: 1.5}}", expect=("strategy.beta_2 = 1.5", "less than 1")
+    ),
+    "flower-fedadam-tau-zero": run(
+        f"strategy={{name: '{FLOWER}:FedAdam', tau: 0}}", expect=("strategy.tau = 0", "greater than 0")
+    ),
+    "flower-fedyogi-tau-zero": run(
+        f"strategy={{name: '{FLOWER}:FedYogi', tau: 0}}", expect=("strategy.tau = 0", "greater than 0")
+    ),
+    "flower-fedyogi-beta2-negative": run(
+        f"strategy={{name: '{FLOWER}:FedYogi', beta_2: -1}}",
+        expect=("strategy.beta_2 = -1", "greater than or equal to 0"),
+    ),
+    "flower-fedadagrad-eta-negative": run(
+        f"strategy={{name: '{FLOWER}:FedAdagrad', eta: -0.1}}", expect=("strategy.eta = -0.1", "greater than 0")
+    ),
+    "flower-fedprox-mu-negative": run(
+        f"strategy={{name: '{FLOWER}:FedProx', proximal_mu: -3}}",
+        expect=("strategy.proximal_mu = -3", "greater than or equal to 0"),
+    ),
+    "flower-fedavgm-lr-zero": run(
+        f"strategy={{name: '{FLOWER}:FedAvgM', server_learning_rate: 0}}",
+        expect=("strategy.server_learning_rate = 0", "greater than 0"),
+    ),
+    "flower-fedavgm-momentum-one": run(
+        f"strategy={{name: '{FLOWER}:FedAvgM', server_momentum: 1}}",
+        expect=("strategy.server_momentum = 1", "less than 1"),
+    ),
+    "flower-fedavg-fraction-above-one": run(
+        f"strategy={{name: '{FLOWER}:FedAvg', fraction_train: 2}}",
+        expect=("strategy.fraction_train = 2", "less than or equal to 1"),
+    ),
+    "flower-fedavg-min-nodes-negative": run(
+        f"strategy={{name: '{FLOWER}:FedAvg', min_train_nodes: -1}}",
+        expect=("strategy.min_train_nodes = -1", "greater than or equal to 0"),
+    ),
+    "flower-trimmed-beta-half": run(
+        f"strategy={{name: '{FLOWER}:FedTrimmedAvg', beta: 0.5}}", expect=("strategy.beta = 0.5", "less than 0.5")
+    ),
+    "flower-qfedavg-lr-zero": run(
+        f"strategy={{name: '{FLOWER}:QFedAvg', client_learning_rate: 0}}",
+        expect=("strategy.client_learning_rate = 0", "greater than 0"),
+    ),
+    "flower-qfedavg-q-negative": run(
+        f"strategy={{name: '{FLOWER}:QFedAvg', client_learning_rate: 0.1, q: -1}}",
+        expect=("strategy.q = -1", "greater than or equal to 0"),
+    ),
+    "flower-krum-malicious-negative": run(
+        f"strategy={{name: '{FLOWER}:Krum', num_malicious_nodes: -1}}",
+        expect=("strategy.num_malicious_nodes = -1", "greater than or equal to 0"),
+    ),
+    "flower-multikrum-select-zero": run(
+        f"strategy={{name: '{FLOWER}:MultiKrum', num_nodes_to_select: 0}}",
+        expect=("strategy.num_nodes_to_select = 0", "greater than or equal to 1"),
+    ),
+}
+
+# ranges the audit found already stated, which the corpus did not yet pin
+PINNED: dict[str, corpus.Case] = {
+    "fedadam-beta2-one": run("strategy={name: fedadam, beta_2: 1}", expect=("strategy.beta_2 = 1", "less than 1")),
+    "fedyogi-beta2-negative": run(
+        "strategy={name: fedyogi, beta_2: -0.5}", expect=("strategy.beta_2 = -0.5", "greater than or equal to 0")
+    ),
+    "fedadagrad-tau-zero": run("strategy={name: fedadagrad, tau: 0}", expect=("strategy.tau = 0", "greater than 0")),
+    "fedavgm-momentum-one": run(
+        "strategy={name: fedavgm, server_momentum: 1}", expect=("strategy.server_momentum = 1", "less than 1")
+    ),
+    "scaffold-eta-g-zero": run("strategy={name: scaffold, eta_g: 0}", expect=("strategy.eta_g = 0", "greater than 0")),
+    "fedlc-tau-negative": run(
+        "strategy={name: fedlc, tau: -1}", expect=("strategy.tau = -1", "greater than or equal to 0")
+    ),
+    "feddecorr-beta-negative": run(
+        "strategy={name: feddecorr, beta: -1}", expect=("strategy.beta = -1", "greater than or equal to 0")
+    ),
+    "bn-momentum-above-one": run(
+        "model.norm={name: bn, momentum: 2}", expect=("model.norm.momentum = 2", "less than or equal to 1")
+    ),
+    "goldschmidt-steps-zero": run(
+        "model.norm={name: ln_goldschmidt, steps: 0}", expect=("model.norm.steps = 0", "greater than or equal to 1")
+    ),
+    "weierstrass-sigma-zero": run(
+        "model.norm={name: ln_weierstrass, sigma: 0}", expect=("model.norm.sigma = 0", "greater than 0")
+    ),
+    "randomized-sigma-negative": run(
+        "model.norm={name: ln_randomized, sigma: -1}", expect=("model.norm.sigma = -1", "greater than or equal to 0")
+    ),
+    # divisibility needs the model's widths: checked when the pre-flight builds the model, still before training
+    "pln-group-size-not-dividing": run(
+        "model.norm={name: pln, group_size: 3}", expect=("model.norm.group_size = 3", "does not divide", "64")
+    ),
+}
+
+CASES = {f"range-{k}": v for k, v in {**TIGHTENED, **PINNED}.items()}
+assert not CASES.keys() & corpus.CASES.keys()
+
+
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_out_of_range_option_is_one_line_before_training(
+    case_id: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(corpus.CASES, case_id, CASES[case_id])  # checked exactly as a corpus row
+    corpus.test_bad_input_gets_one_clear_line(case_id, tmp_path, capsys, monkeypatch)
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("strategy={name: fedyogi, v0: 0}", {"v0": 0.0}),  # Flower's FedYogi
+        ("strategy={name: fedyogi, v0: 1.0e-12}", {"v0": 1e-12}),
+        ("strategy={name: fedyogi, v0: tau^2}", {"v0": "tau^2"}),
+        ("strategy={name: fedadam, beta_1: 0, beta_2: 0}", {"beta_1": 0.0, "beta_2": 0.0}),
+        (
+            f"strategy={{name: '{FLOWER}:FedAdam', eta: 1.0e-9, eta_l: 1.0e-9, beta_1: 0, beta_2: 0.999, tau: 1.0e-9}}",
+            {"eta": 1e-9, "beta_1": 0.0, "beta_2": 0.999, "tau": 1e-9},
+        ),
+        (f"strategy={{name: '{FLOWER}:FedYogi', beta_1: 0.999, beta_2: 0}}", {"beta_1": 0.999, "beta_2": 0.0}),
+        (f"strategy={{name: '{FLOWER}:FedProx', proximal_mu: 0}}", {"proximal_mu": 0.0}),
+        (f"strategy={{name: '{FLOWER}:FedAvgM', server_momentum: 0.99}}", {"server_momentum": 0.99}),
+        (f"strategy={{name: '{FLOWER}:FedAvg', fraction_train: 1, min_train_nodes: 0}}", {"min_train_nodes": 0}),
+        (f"strategy={{name: '{FLOWER}:FedTrimmedAvg', beta: 0.49}}", {"beta": 0.49}),
+        (f"strategy={{name: '{FLOWER}:QFedAvg', client_learning_rate: 0.1, q: 0}}", {"q": 0.0}),
+        (
+            f"strategy={{name: '{FLOWER}:MultiKrum', num_malicious_nodes: 0, num_nodes_to_select: 1}}",
+            {"num_nodes_to_select": 1},
+        ),
+    ],
+)
+def test_range_boundaries_are_accepted(tmp_path: Path, override: str, expected: dict[str, object]) -> None:
+    experiment = load_experiment(write_config(tmp_path, small_config(tmp_path)), [override])
+    params = experiment.strategy.params
+    assert {k: getattr(params, k) for k in expected} == expected
+    check_halves(experiment)  # the run's pre-flight: model and server half built as the run would
