@@ -19,6 +19,7 @@ from fedsim.errors import FedsimError
 from fedsim.experiment import resolve
 from fedsim.rundir import RunDir, claimed, default_run_dir
 from fedsim.server.loop import run_server
+from fedsim.server.polling import PromptGrid
 
 
 def app_file(path: str) -> Path:
@@ -47,7 +48,7 @@ def main(grid: Grid, context: Context) -> None:
     cfg.output.run_dir = str(default_run_dir(cfg))  # fixed once: an error lands in the run's own directory
     with claimed(Path(cfg.output.run_dir)):  # not ours (in use, finished): the error is raised, nothing written
         try:
-            run_server(grid, resolve(cfg))
+            run_server(PromptGrid(grid), resolve(cfg))  # no 3 s sleeps between a SuperLink's pulls
         except Exception as err:  # under a SuperLink nobody sees this process's traceback: leave the reason
             message = str(err) if isinstance(err, FedsimError) else f"{type(err).__name__}: {err}"
             RunDir(cfg.output.run_dir).write_error(message)
