@@ -57,3 +57,10 @@ def write_config(tmp_path: Path, cfg: dict[str, Any], name: str = "cfg.yaml") ->
     path = tmp_path / name
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The end-to-end tests (marked ``slow``: tens of seconds, much of it waiting on Flower's fixed timings
+    and process start-up) first: pytest-xdist's workers then start on them and fill the rest of the run
+    with the short tests, instead of ending on one long test while the other worker idles."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: each group keeps its order
