@@ -21,6 +21,13 @@ from tests.conftest import small_config, write_config
 run = corpus.run
 FLOWER = "flwr.serverapp.strategy"
 
+
+def flower(cls: str, key: str, value: object, allowed: str, **others: object) -> corpus.Case:
+    """Flower's strategy ``cls`` given ``key: value`` (after ``others``): refused, naming the field and ``allowed``."""
+    options = ", ".join(f"{k}: {v}" for k, v in {**others, key: value}.items())
+    return run(f"strategy={{name: '{FLOWER}:{cls}', {options}}}", expect=(f"strategy.{key} = {value}", allowed))
+
+
 # the gaps this audit closed
 TIGHTENED: dict[str, corpus.Case] = {
     "fedyogi-v0-negative": run(
@@ -31,77 +38,26 @@ TIGHTENED: dict[str, corpus.Case] = {
         "strategy={name: fedyogi, v0: big}", expect=("strategy.v0 = 'big'", "greater than or equal to 0")
     ),
     # stock Flower strategies: FLOWER_RANGES in strategies/base.py
-    "flower-fedadam-eta-negative": run(
-        f"strategy={{name: '{FLOWER}:FedAdam', eta: -1}}", expect=("strategy.eta = -1", "greater than 0")
-    ),
-    "flower-fedadam-eta-zero": run(
-        f"strategy={{name: '{FLOWER}:FedAdam', eta: 0}}", expect=("strategy.eta = 0", "greater than 0")
-    ),
-    "flower-fedadam-eta-l-zero": run(
-        f"strategy={{name: '{FLOWER}:FedAdam', eta_l: 0}}", expect=("strategy.eta_l = 0", "greater than 0")
-    ),
-    "flower-fedadam-beta1-one": run(
-        f"strategy={{name: '{FLOWER}:FedAdam', beta_1: 1}}", expect=("strategy.beta_1 = 1", "less than 1")
-    ),
-    "flower-fedadam-beta1-negative": run(
-        f"strategy={{name: '{FLOWER}:FedAdam', beta_1: -0.1}}",
-        expect=("strategy.beta_1 = -0.1", "greater than or equal to 0"),
-    ),
-    "flower-fedadam-beta2-above-one": run(
-        f"strategy={{name: '{FLOWER}:FedAdam', beta_2: 1.5}}", expect=("strategy.beta_2 = 1.5", "less than 1")
-    ),
-    "flower-fedadam-tau-zero": run(
-        f"strategy={{name: '{FLOWER}:FedAdam', tau: 0}}", expect=("strategy.tau = 0", "greater than 0")
-    ),
-    "flower-fedyogi-tau-zero": run(
-        f"strategy={{name: '{FLOWER}:FedYogi', tau: 0}}", expect=("strategy.tau = 0", "greater than 0")
-    ),
-    "flower-fedyogi-beta2-negative": run(
-        f"strategy={{name: '{FLOWER}:FedYogi', beta_2: -1}}",
-        expect=("strategy.beta_2 = -1", "greater than or equal to 0"),
-    ),
-    "flower-fedadagrad-eta-negative": run(
-        f"strategy={{name: '{FLOWER}:FedAdagrad', eta: -0.1}}", expect=("strategy.eta = -0.1", "greater than 0")
-    ),
-    "flower-fedprox-mu-negative": run(
-        f"strategy={{name: '{FLOWER}:FedProx', proximal_mu: -3}}",
-        expect=("strategy.proximal_mu = -3", "greater than or equal to 0"),
-    ),
-    "flower-fedavgm-lr-zero": run(
-        f"strategy={{name: '{FLOWER}:FedAvgM', server_learning_rate: 0}}",
-        expect=("strategy.server_learning_rate = 0", "greater than 0"),
-    ),
-    "flower-fedavgm-momentum-one": run(
-        f"strategy={{name: '{FLOWER}:FedAvgM', server_momentum: 1}}",
-        expect=("strategy.server_momentum = 1", "less than 1"),
-    ),
-    "flower-fedavg-fraction-above-one": run(
-        f"strategy={{name: '{FLOWER}:FedAvg', fraction_train: 2}}",
-        expect=("strategy.fraction_train = 2", "less than or equal to 1"),
-    ),
-    "flower-fedavg-min-nodes-negative": run(
-        f"strategy={{name: '{FLOWER}:FedAvg', min_train_nodes: -1}}",
-        expect=("strategy.min_train_nodes = -1", "greater than or equal to 0"),
-    ),
-    "flower-trimmed-beta-half": run(
-        f"strategy={{name: '{FLOWER}:FedTrimmedAvg', beta: 0.5}}", expect=("strategy.beta = 0.5", "less than 0.5")
-    ),
-    "flower-qfedavg-lr-zero": run(
-        f"strategy={{name: '{FLOWER}:QFedAvg', client_learning_rate: 0}}",
-        expect=("strategy.client_learning_rate = 0", "greater than 0"),
-    ),
-    "flower-qfedavg-q-negative": run(
-        f"strategy={{name: '{FLOWER}:QFedAvg', client_learning_rate: 0.1, q: -1}}",
-        expect=("strategy.q = -1", "greater than or equal to 0"),
-    ),
-    "flower-krum-malicious-negative": run(
-        f"strategy={{name: '{FLOWER}:Krum', num_malicious_nodes: -1}}",
-        expect=("strategy.num_malicious_nodes = -1", "greater than or equal to 0"),
-    ),
-    "flower-multikrum-select-zero": run(
-        f"strategy={{name: '{FLOWER}:MultiKrum', num_nodes_to_select: 0}}",
-        expect=("strategy.num_nodes_to_select = 0", "greater than or equal to 1"),
-    ),
+    "flower-fedadam-eta-negative": flower("FedAdam", "eta", -1, "greater than 0"),
+    "flower-fedadam-eta-zero": flower("FedAdam", "eta", 0, "greater than 0"),
+    "flower-fedadam-eta-l-zero": flower("FedAdam", "eta_l", 0, "greater than 0"),
+    "flower-fedadam-beta1-one": flower("FedAdam", "beta_1", 1, "less than 1"),
+    "flower-fedadam-beta1-negative": flower("FedAdam", "beta_1", -0.1, "greater than or equal to 0"),
+    "flower-fedadam-beta2-above-one": flower("FedAdam", "beta_2", 1.5, "less than 1"),
+    "flower-fedadam-tau-zero": flower("FedAdam", "tau", 0, "greater than 0"),
+    "flower-fedyogi-tau-zero": flower("FedYogi", "tau", 0, "greater than 0"),
+    "flower-fedyogi-beta2-negative": flower("FedYogi", "beta_2", -1, "greater than or equal to 0"),
+    "flower-fedadagrad-eta-negative": flower("FedAdagrad", "eta", -0.1, "greater than 0"),
+    "flower-fedprox-mu-negative": flower("FedProx", "proximal_mu", -3, "greater than or equal to 0"),
+    "flower-fedavgm-lr-zero": flower("FedAvgM", "server_learning_rate", 0, "greater than 0"),
+    "flower-fedavgm-momentum-one": flower("FedAvgM", "server_momentum", 1, "less than 1"),
+    "flower-fedavg-fraction-above-one": flower("FedAvg", "fraction_train", 2, "less than or equal to 1"),
+    "flower-fedavg-min-nodes-negative": flower("FedAvg", "min_train_nodes", -1, "greater than or equal to 0"),
+    "flower-trimmed-beta-half": flower("FedTrimmedAvg", "beta", 0.5, "less than 0.5"),
+    "flower-qfedavg-lr-zero": flower("QFedAvg", "client_learning_rate", 0, "greater than 0"),
+    "flower-qfedavg-q-negative": flower("QFedAvg", "q", -1, "greater than or equal to 0", client_learning_rate=0.1),
+    "flower-krum-malicious-negative": flower("Krum", "num_malicious_nodes", -1, "greater than or equal to 0"),
+    "flower-multikrum-select-zero": flower("MultiKrum", "num_nodes_to_select", 0, "greater than or equal to 1"),
 }
 
 # ranges the audit found already stated, which the corpus did not yet pin
