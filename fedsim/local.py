@@ -27,6 +27,7 @@ from fedsim.client.runtime import ClientRuntime, round_seed
 from fedsim.client.training import ClientRound, train_local
 from fedsim.config import RunConfig, apply_overrides, parse_config, read_yaml
 from fedsim.diagnostics import ProbeDiagnostics, probe_images
+from fedsim.engines.layout import torch_threads
 from fedsim.errors import ConfigError, DataError
 from fedsim.evaluation import evaluate
 from fedsim.experiment import resolve
@@ -81,6 +82,7 @@ def continue_locally(
     """
     cfg = finished_run_config(run_dir, client, steps, every, overrides)
     runtime = ClientRuntime(resolve(cfg))
+    torch.set_num_threads(torch_threads(cfg.simulation))
     data = runtime.data(client)
     if len(data.y_train) == 0:
         raise DataError(f"--client {client} holds no training samples in this run's split: choose another client")

@@ -238,7 +238,7 @@ def test_no_service_runs_a_shell(tmp_path: Path) -> None:
         "services"
     ]
     for name, service in services.items():
-        assert service["command"][0] in ("flower-superlink", "flower-supernode", "python"), name
+        assert service["command"][0] in ("flower-superlink", "fedsim-supernode", "python"), name
 
 
 def test_compose_file_is_one_docker_compose_1_29_accepts(tmp_path: Path) -> None:

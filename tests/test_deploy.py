@@ -68,7 +68,7 @@ def supernode_pid(run_dir: Path, partition: int) -> int:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:  # it ended meanwhile (a ClientApp process)
             continue
-        if any(b"flower-supernode" in part for part in cmdline) and f"partition-id={partition} ".encode() in b" ".join(
+        if any(b"fedsim-supernode" in part for part in cmdline) and f"partition-id={partition} ".encode() in b" ".join(
             cmdline
         ):
             return pid
@@ -173,8 +173,9 @@ def test_stopping_the_launcher_stops_every_process(tmp_path: Path, sig: signal.S
 
 
 def test_killed_supernode_is_skipped_or_stops_the_run(tmp_path: Path) -> None:
-    """Both policies side by side: Flower declares a SuperNode dead after 60 s without a heartbeat, and
-    the two runs wait for that at the same time."""
+    """Both policies side by side: Flower declares a SuperNode dead after two heartbeat intervals without a
+    heartbeat (20 s under fedsim-supernode, fedsim.deploy.flower_waits), and the two runs wait for that at
+    the same time."""
     train = {"rounds": 3, "round_timeout_s": 120}
     runs = {}
     for policy in ("skip", "fail"):

@@ -10,6 +10,7 @@ so it follows the node whichever process serves it.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -54,7 +55,6 @@ class ClientRuntime:
     def __init__(self, experiment: Experiment) -> None:
         self.experiment = experiment
         self.cfg = cfg = experiment.config
-        torch.set_num_threads(torch_threads(cfg.simulation))
         self.device = torch.device(cfg.simulation.device)
         self.fed: Federation = experiment.federation()
         self.model = experiment.build_model().to(self.device)
@@ -159,11 +159,24 @@ def config_of(config_json: str) -> RunConfig:
     return RunConfig.from_json(config_json)
 
 
+# Called with the run config of each runtime this process builds. A SuperNode's fork server
+# (fedsim.deploy.forkserver) sets it in the processes it forks, to build that run's runtime once itself
+# so that the processes it forks next start with it.
+on_build: Callable[[str], None] | None = None
+
+
 @lru_cache(maxsize=2)
-def _runtime(config_json: str) -> ClientRuntime:
-    return ClientRuntime(resolve(config_of(config_json)))
+def prepare(config_json: str) -> ClientRuntime:
+    """The process's runtime for a run config (JSON), built on first use."""
+    runtime = ClientRuntime(resolve(config_of(config_json)))
+    if on_build is not None:
+        on_build(config_json)
+    return runtime
 
 
 def runtime_for(msg: Message) -> ClientRuntime:
-    """The process's runtime for the run config the message carries (built on first use)."""
-    return _runtime(wire.run_config_json(msg))
+    """The process's runtime for the run config the message carries, with the run's intra-op threads (set
+    on every message: a forked process inherits a runtime its parent built with one thread)."""
+    runtime = prepare(wire.run_config_json(msg))
+    torch.set_num_threads(torch_threads(runtime.cfg.simulation))
+    return runtime

@@ -75,7 +75,7 @@ class Topology:
 
     def supernode_command(self, partition_id: int) -> list[str]:
         cmd = [
-            "flower-supernode",
+            "fedsim-supernode",  # flower-supernode with warm ClientApp processes (fedsim.deploy.supernode)
             "--superlink", self.superlink_address,
             "--node-config", self.node_config(partition_id),
             "--host", "127.0.0.1",  # its Runtime API serves only the ClientApp processes it starts

@@ -1,0 +1,199 @@
+"""A SuperNode's fork server: each ClientApp process forked from a warm one instead of started afresh.
+
+Flower 1.41's SuperExec starts a fresh ``flwr-clientapp`` process for every Message, and each paid
+interpreter start-up, the imports of torch, Flower and fedsim (about 3 s of CPU) and the run's data and
+model (1.4 s for CIFAR-10) before its few steps of work. Under ``fedsim-supernode``
+(:mod:`fedsim.deploy.supernode`) the ``flwr-clientapp`` the SuperExec starts is
+:mod:`fedsim.deploy.clientapp_shim`, which hands its arguments and stdio to this server; the server
+forks a child that runs Flower's own ``flwr-clientapp`` code. Each task is still a process of its own that
+serves one Message and exits, as in Flower, but it starts with everything imported; and once a child
+has built a run's :class:`~fedsim.client.runtime.ClientRuntime` (data, split, model), it tells the server,
+which builds the same runtime so that the children it forks next inherit it.
+
+The server itself never starts a thread pool, CUDA or a network connection, which a forked child could
+not use: torch runs single-threaded here (a child sets the run's threads on its first Message), and the
+runtime is built on the CPU device only when the run trains there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import traceback
+from dataclasses import dataclass
+
+from fedsim.deploy import flower_waits
+from fedsim.deploy.clientapp_shim import HEADER, REPLY
+
+MAX_REQUEST = 1 << 20  # bytes of one request's JSON (its command line)
+MAX_CONFIG = 1 << 22  # bytes of a run config a child announces
+
+
+@dataclass
+class Task:
+    pid: int
+    conn: socket.socket  # the shim waiting for this task's exit status
+
+
+def preload() -> None:
+    """Import what every ClientApp process imports, once: Flower's client runtime and its HTTP stack,
+    fedsim's ClientApp, and what torch imports only on first use (an optimiser imports torch._dynamo)."""
+    import httpcore  # noqa: F401 (imported by the Runtime API's client when it opens its transport)
+    import torch
+    from flwr.supernode.cli import flwr_clientapp  # noqa: F401
+
+    import fedsim.client.app  # noqa: F401
+
+    torch.set_num_threads(1)
+    torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+
+
+def read_request(conn: socket.socket) -> tuple[list[str], list[int]]:
+    """The command line of one task, and the shim's stdin, stdout and stderr."""
+    data, fds, _, _ = socket.recv_fds(conn, HEADER.size + MAX_REQUEST, 3)
+    if len(fds) != 3 or len(data) < HEADER.size:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("a request without its header and three file descriptors")
+    (size,) = HEADER.unpack_from(data)
+    if size > MAX_REQUEST:
+        raise ValueError(f"a request of {size} bytes")
+    body = data[HEADER.size :]
+    while len(body) < size:
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            raise ValueError("a request cut short")
+        body += chunk
+    argv = json.loads(body)["argv"]
+    if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv)):
+        raise ValueError("a request whose argv is not a list of strings")
+    return argv, fds
+
+
+def run_task(argv: list[str], fds: list[int], announce: socket.socket) -> None:
+    """In a forked child: become ``flwr-clientapp argv`` on the shim's stdio; never returns."""
+    code: int = 1
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        from flwr.supernode.cli.flwr_clientapp import flwr_clientapp
+
+        from fedsim.client import runtime
+
+        runtime.on_build = lambda config_json: announce.send(config_json.encode()[:MAX_CONFIG])
+        sys.argv = ["flwr-clientapp", *argv]
+        flwr_clientapp()
+        code = 0
+    except SystemExit as done:
+        if isinstance(done.code, int) or done.code is None:
+            code = done.code or 0
+        else:
+            print(done.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 (a task's process reports every failure, as flwr-clientapp would)
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def warm(config_json: bytes) -> None:
+    """Build the runtime for a run config a child announced, so that later children inherit it."""
+    from fedsim.client import runtime
+
+    try:
+        if runtime.config_of(config_json.decode()).simulation.device != "cpu":
+            return  # a CUDA context cannot cross a fork: each child builds its runtime on the GPU itself
+        runtime.prepare(config_json.decode())
+    except Exception as err:  # noqa: BLE001 (children build it themselves, and report what fails)
+        print(f"fedsim fork server: not keeping this run's data warm: {err}", file=sys.stderr)
+
+
+def serve(listener: socket.socket) -> None:
+    """Fork a ClientApp process for every request on ``listener``, until this process is stopped."""
+    preload()
+    announced, announce = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    announced.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, MAX_CONFIG)
+    announce.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_CONFIG)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ)
+    sel.register(announced, selectors.EVENT_READ)
+    tasks: dict[int, Task] = {}
+    while True:
+        for key, _ in sel.select(timeout=0.05):
+            if key.fileobj is listener:
+                conn, _ = listener.accept()
+                try:
+                    argv, fds = read_request(conn)
+                except (OSError, ValueError) as err:
+                    print(f"fedsim fork server: refused a request: {err}", file=sys.stderr)
+                    conn.close()
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    sel.close()
+                    listener.close()
+                    announced.close()
+                    conn.close()
+                    for task in tasks.values():
+                        task.conn.close()
+                    run_task(argv, fds, announce)
+                for fd in fds:
+                    os.close(fd)
+                conn.sendall(REPLY.pack(pid, 0))
+                tasks[pid] = Task(pid, conn)
+                sel.register(conn, selectors.EVENT_READ, pid)
+            elif key.fileobj is announced:
+                warm(announced.recv(MAX_CONFIG))
+            elif key.data in tasks and not key.fileobj.recv(1):  # type: ignore[union-attr]
+                os.kill(key.data, signal.SIGTERM)  # its shim is gone: so is whoever waited for the task
+                sel.unregister(key.fileobj)
+        reap(tasks, sel)
+
+
+def reap(tasks: dict[int, Task], sel: selectors.BaseSelector) -> None:
+    """Tell each finished task's shim its wait status."""
+    while tasks:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        task = tasks.pop(pid, None)
+        if task is None:
+            continue
+        if _registered(sel, task.conn):
+            sel.unregister(task.conn)
+        try:
+            task.conn.sendall(REPLY.pack(pid, status))
+        except OSError:
+            pass  # the shim is gone
+        task.conn.close()
+
+
+def _registered(sel: selectors.BaseSelector, conn: socket.socket) -> bool:
+    try:
+        sel.get_key(conn)
+    except KeyError:
+        return False
+    return True
+
+
+def main() -> None:
+    """``python -m fedsim.deploy.forkserver FD``: serve on the listening Unix socket inherited as FD."""
+    listener = socket.socket(fileno=int(sys.argv[1]))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    flower_waits.shorten_object_pulls()  # the children pull their Message's objects
+    serve(listener)
+
+
+if __name__ == "__main__":
+    main()
