@@ -4,6 +4,7 @@ actors; what cannot train together is refused before anything runs."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import ray
 import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 
@@ -155,14 +157,45 @@ def test_paper_cnn_groups_of_three_and_a_client_alone_match(tmp_path: Path, stac
     assert_same_training(one, together, m1, m3, images, CNN_LOSS_RTOL)
 
 
+def step_order(record_dir: Path) -> dict[int, dict[int, list[int]]]:
+    """tests.plugins.step_order's records: per process, per round, the partition of each local step in order."""
+    order: dict[int, dict[int, list[int]]] = {}
+    for path in record_dir.iterdir():
+        for line in path.read_text().splitlines():
+            server_round, partition = map(int, line.split())
+            order.setdefault(int(path.name), {}).setdefault(server_round, []).append(partition)
+    return order
+
+
 @pytest.mark.slow
 def test_ray_actors_each_train_their_clients_together(tmp_path: Path) -> None:
-    # exactly two actors on any machine (Ray starts with every CPU), each with two of the four clients
-    sim = {"backend": "ray", "client_resources": {"num_cpus": (os.cpu_count() or 2) / 2}}
-    one, together, m1, m2, images = run_both(tmp_path, 2, simulation=sim)
-    assert_same_training(one, together, m1, m2, images, MLP_LOSS_RTOL)
-    # the vmapped pairs ran in the actors: their float sums run in another order, so the bits differ
-    assert [m["train_loss"] for m in together] != [m["train_loss"] for m in one]
+    # A Ray of two CPUs whatever the machine's cores (the pool joins it instead of starting one with every
+    # CPU), workers of one CPU: exactly two actors, each with two of the four clients, on any machine
+    sim = {"backend": "ray", "client_resources": {"num_cpus": 1}}
+    runs, steps = {}, {}
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    try:  # one Ray session for both runs: started once, not once per run
+        for width in (1, 2):
+            (record_dir := tmp_path / f"steps{width}").mkdir()
+            strategy = {"name": "tests.plugins.step_order:StepOrder", "record_dir": str(record_dir)}  # FedAvg
+            runs[width] = run_width(tmp_path, width, strategy=strategy, simulation=sim)
+            steps[width] = step_order(record_dir)
+    finally:
+        ray.shutdown()
+    (one, m1, run_dir), (together, m2, _) = runs[1], runs[2]
+    assert_same_training(one, together, m1, m2, images_behind(run_dir), MLP_LOSS_RTOL)
+    # where and how the clients trained, from each process's record of its local steps (3 per client and
+    # round): two processes, neither of them this one, each training the same two clients every round, one
+    # client's steps after the other's at vmap_clients 1 and interleaved (trained together) at 2
+    for width, runs_of_steps in ((1, [3, 3]), (2, [1] * 6)):
+        processes = steps[width]
+        assert len(processes) == 2 and os.getpid() not in processes, width
+        owned = [sorted({p for order in rounds.values() for p in order}) for rounds in processes.values()]
+        assert sorted(p for clients in owned for p in clients) == [0, 1, 2, 3] and all(len(c) == 2 for c in owned)
+        for rounds in processes.values():
+            assert sorted(rounds) == [1, 2, 3, 4], width
+            for order in rounds.values():
+                assert [len(list(run)) for _, run in itertools.groupby(order)] == runs_of_steps, (width, order)
 
 
 def test_a_failing_client_of_a_group_is_skipped_alone(tmp_path: Path, stacked_steps: list[int]) -> None:
