@@ -16,6 +16,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from fedsim.rundir import MODEL_CHECKSUM
+
 console = Console(stderr=True)
 
 
@@ -41,6 +43,8 @@ def summary_table(summary: dict[str, Any]) -> Table:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in summary.items():
+        if key == MODEL_CHECKSUM:  # for fedsim local to check model.pt, not for reading
+            continue
         if isinstance(value, float):
             value = f"{value:.4f}"
         if not isinstance(value, (list, dict)):

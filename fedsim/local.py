@@ -31,9 +31,10 @@ from fedsim.engines.layout import torch_threads
 from fedsim.errors import ConfigError, DataError
 from fedsim.evaluation import evaluate
 from fedsim.experiment import resolve
+from fedsim.integrity import read_torch, verify
 from fedsim.norms.ln_variants import seed_norm_noise
 from fedsim.registry import PluginParams
-from fedsim.rundir import LOCAL_JSON, RunDir, atomic_write, claimed
+from fedsim.rundir import LOCAL_JSON, MODEL_CHECKSUM, SUMMARY, RunDir, atomic_write, claimed
 
 
 def local_dir(run_dir: str | Path, client: int, overrides: list[str] | None = None) -> Path:
@@ -72,6 +73,18 @@ def finished_run_config(
     return cfg
 
 
+def load_model(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The run's ``model.pt``, checked against the checksum its summary recorded when it was written."""
+    path = run_dir / "model.pt"
+    state = read_torch(path, "model")
+    try:
+        summary = json.loads((run_dir / SUMMARY).read_text())
+    except ValueError as err:
+        raise DataError(f"{run_dir / SUMMARY}: not JSON ({err})") from err
+    verify(path, state, summary.get(MODEL_CHECKSUM) if isinstance(summary, dict) else None)
+    return state
+
+
 def continue_locally(
     run_dir: str | Path, client: int, steps: int, every: int, overrides: list[str] | None = None
 ) -> Path:
@@ -86,7 +99,7 @@ def continue_locally(
     data = runtime.data(client)
     if len(data.y_train) == 0:
         raise DataError(f"--client {client} holds no training samples in this run's split: choose another client")
-    state = torch.load(Path(run_dir) / "model.pt", map_location=runtime.device, weights_only=True)
+    state = load_model(Path(run_dir))
     try:
         runtime.model.load_state_dict(state)
     except RuntimeError as err:  # --set changed the model's tensors

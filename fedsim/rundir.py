@@ -32,11 +32,13 @@ import yaml
 
 from fedsim.config import RunConfig, read_yaml
 from fedsim.errors import FedsimError
+from fedsim.integrity import digest
 
 PROGRESS = "progress.json"
 ERROR = "error.txt"
 SUMMARY = "summary.json"
 CHECKPOINT = "checkpoint.pt"
+MODEL_CHECKSUM = "model_sha256"  # summary.json: model.pt's checksum (fedsim.integrity)
 CLIENT_STATE = "client_state"  # the nodes' state files of a checkpoint, under the run directory (by default)
 LOCK = ".lock"
 # A launcher that holds a run directory for the ServerApp it starts (fedsim deploy) names it here
@@ -168,10 +170,13 @@ class RunDir:
     def read_metrics(self) -> list[dict[str, Any]]:
         return read_metrics(self.path)
 
-    def save_model(self, state_dict: dict[str, torch.Tensor]) -> None:
+    def save_model(self, state_dict: dict[str, torch.Tensor]) -> str:
+        """Write ``model.pt`` (a plain state dict, for ``torch.load``); returns its checksum, which the
+        summary records (``model_sha256``) and ``fedsim local`` checks."""
         tmp = temp_name(self.path / "model.pt")
         torch.save(state_dict, tmp)
         os.replace(tmp, self.path / "model.pt")
+        return digest(state_dict)
 
     def write_progress(self, server_round: int, loss: float | None, acc: float | None) -> None:
         """The latest round, for whoever shows progress from outside the ServerApp (``fedsim deploy``)."""

@@ -5,12 +5,15 @@ before any training."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedsim.cli import main
 from fedsim.config import load_config
+from fedsim.integrity import digest
 from fedsim.runner import run
 from tests.conftest import REPO
 
@@ -97,3 +100,25 @@ def test_set_changes_the_local_training_and_a_model_that_does_not_fit_is_one_lin
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model.pt does not fit the model this config builds (--set model.norm=none)" in err[0]
     assert not list(finished_run.glob("local-6*"))
+
+
+def test_a_model_changed_on_disk_is_refused(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """model.pt is checked against the checksum summary.json recorded: a weight changed after the run
+    (which torch.load reads without complaint) is one line, before any training."""
+    run_dir = tmp_path / "copy"
+    shutil.copytree(finished_run, run_dir, ignore=shutil.ignore_patterns("local-*"))
+    state = torch.load(run_dir / "model.pt", weights_only=True)
+    assert json.loads((run_dir / "summary.json").read_text())["model_sha256"] == digest(state)
+    first = next(iter(state))
+    state[first].view(-1)[0] += 1.0
+    torch.save(state, run_dir / "model.pt")
+    assert main(["local", str(run_dir), "--client", "0", "--steps", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.pt: its contents do not match the checksum fedsim wrote with them" in err[0]
+    (run_dir / "model.pt").write_bytes(b"not a model")
+    assert main(["local", str(run_dir), "--client", "0", "--steps", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.pt: not a readable model" in err[0]
+    assert not list(run_dir.glob("local-*"))

@@ -277,7 +277,8 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path: Path, capsys: pytest.C
     middle = len(saved) // 2
     (done / CHECKPOINT).write_bytes(saved[:middle] + bytes(b ^ 0xFF for b in saved[middle : middle + 256])
                                     + saved[middle + 256 :])  # fmt: skip
-    assert "checkpoint.pt: its contents do not match the checksum fedsim wrote with them" in error("--resume", str(done))
+    changed = error("--resume", str(done))
+    assert "checkpoint.pt: its contents do not match the checksum fedsim wrote with them" in changed
     unchecked = torch.load(io.BytesIO(saved), weights_only=True)
     del unchecked["sha256"]  # as an older fedsim wrote it, or anything else
     torch.save(unchecked, done / CHECKPOINT)

@@ -35,10 +35,13 @@ from fedsim import wire
 from fedsim.arrays import array_view, to_array_record
 from fedsim.config import RunConfig, parse_config, read_yaml
 from fedsim.errors import ConfigError, FedsimError
+from fedsim.integrity import digest, read_torch, verify
 from fedsim.rundir import CHECKPOINT, CLIENT_STATE, NOT_LEARNING, SUMMARY, RunDir, flatten, temp_name
 from fedsim.server.replies import missing_replies
 
 # --- the server's checkpoint file ----------------------------------------------------------------
+
+CHECKSUM = "sha256"  # the payload's digest (fedsim.integrity), stored beside its fields
 
 
 def _tensors(record: ArrayRecord) -> dict[str, torch.Tensor]:
@@ -91,6 +94,7 @@ class Checkpoint:
             "rng": self.rng,
             "failed": json.dumps(self.failed),
         }
+        payload[CHECKSUM] = digest(payload)  # verified on load: a file changed on disk is never resumed
         tmp = temp_name(run_dir / CHECKPOINT)
         with open(tmp, "wb") as f:
             torch.save(payload, f)
@@ -103,7 +107,13 @@ class Checkpoint:
         """The checkpoint in ``run_dir``; with ``cfg``, refused unless ``cfg`` trains as the saved config."""
         path = run_dir / CHECKPOINT
         try:
-            p = torch.load(path, weights_only=True)
+            p = read_torch(path, "fedsim checkpoint")
+        except FileNotFoundError as err:
+            raise FedsimError(f"{run_dir}: no {CHECKPOINT} to resume from") from err
+        if not isinstance(p, dict):
+            raise FedsimError(f"{path}: not a fedsim checkpoint (a {type(p).__name__}, not a mapping)")
+        verify(path, {k: v for k, v in p.items() if k != CHECKSUM}, p.get(CHECKSUM))
+        try:
             checkpoint = cls(
                 round=int(p["round"]),
                 arrays=to_array_record(p["model"]),
@@ -115,9 +125,7 @@ class Checkpoint:
                 rng=p["rng"],
                 failed={int(r): pids for r, pids in json.loads(p["failed"]).items()},
             )
-        except FileNotFoundError as err:
-            raise FedsimError(f"{run_dir}: no {CHECKPOINT} to resume from") from err
-        except Exception as err:  # a truncated or foreign file: say which, not a pickle traceback
+        except Exception as err:  # fields of other types: say which file, not a traceback
             raise FedsimError(f"{path}: not a readable fedsim checkpoint ({type(err).__name__}: {err})") from err
         if cfg is not None:
             _check_same_run(cfg, checkpoint.config)

@@ -28,7 +28,7 @@ from fedsim.console import console, partition_table, summary_table
 from fedsim.engines.layout import torch_threads
 from fedsim.errors import ConfigError, TrainingError
 from fedsim.experiment import Experiment, build_server
-from fedsim.rundir import RunDir, default_run_dir
+from fedsim.rundir import MODEL_CHECKSUM, RunDir, default_run_dir
 from fedsim.server.checkpoint import Checkpoint, Checkpointer, set_rng_state
 from fedsim.server.discovery import discover_partitions
 from fedsim.server.replies import divergence, good_replies, missing_replies
@@ -198,7 +198,7 @@ def run_server(grid: Grid, experiment: Experiment, resume: bool = False) -> dict
         reporter.progress.stop()
     summary = reporter.summary(done)
     if cfg.output.save_model:
-        out.save_model(arrays.to_torch_state_dict())
+        summary[MODEL_CHECKSUM] = out.save_model(arrays.to_torch_state_dict())
     checkpoints.finish()
     out.close()
     out.write_summary(summary)  # last: a finished summary means a finished run directory
