@@ -79,7 +79,9 @@ def test_a_killed_shim_takes_its_task_with_it(served: tuple[dict[str, str], int]
         time.sleep(0.05)
     assert tasks, "no forked task"
     proc.terminate()
-    assert proc.wait(timeout=60) == 128 + 15
+    # forwarded to the task, which ends as Flower's own flwr-clientapp does on SIGTERM (0); or, if it came
+    # before the shim had the task's pid, the shim ends (143) and the server stops the task
+    assert proc.wait(timeout=60) in (0, 128 + 15)
     deadline = time.monotonic() + 60
     while any(identity(pid) for pid in tasks) and time.monotonic() < deadline:
         time.sleep(0.05)

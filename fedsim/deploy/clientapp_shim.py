@@ -45,6 +45,17 @@ def read_exactly(sock: socket.socket, n: int) -> bytes:
 
 def main() -> None:
     args = sys.argv[1:]
+    task: list[int] = []  # the pid of the process doing the task, once the server has said it
+
+    def forward(signum: int, _frame: object) -> None:
+        """A signal to this process (the SuperExec stopping a task) goes to the task's process; before
+        its pid is known, this process exits, and the server stops a task whose shim is gone."""
+        if not task:
+            os._exit(128 + signum)
+        os.kill(task[0], signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(os.environ[SOCKET_ENV])
@@ -52,11 +63,11 @@ def main() -> None:
         socket.send_fds(sock, [HEADER.pack(len(body)) + body], [0, 1, 2])
         pid, _ = REPLY.unpack(read_exactly(sock, REPLY.size))
     except (KeyError, OSError) as err:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
         print(f"fedsim: no fork server ({err}); starting Flower's flwr-clientapp", file=sys.stderr)
         os.execv(flower_command()[0], ["flwr-clientapp", *args])
-    # a signal to this process (the SuperExec stopping a task) goes to the process doing the task
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda signum, _frame: os.kill(pid, signum))
+    task.append(pid)
     try:
         _, status = REPLY.unpack(read_exactly(sock, REPLY.size))
     except ConnectionError:  # the fork server died: so did the node; the task's process has its own watch
