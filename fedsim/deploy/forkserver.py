@@ -24,19 +24,12 @@ import signal
 import socket
 import sys
 import traceback
-from dataclasses import dataclass
 
 from fedsim.deploy import flower_waits
 from fedsim.deploy.clientapp_shim import HEADER, REPLY
 
 MAX_REQUEST = 1 << 20  # bytes of one request's JSON (its command line)
 MAX_CONFIG = 1 << 22  # bytes of a run config a child announces
-
-
-@dataclass
-class Task:
-    pid: int
-    conn: socket.socket  # the shim waiting for this task's exit status
 
 
 def preload() -> None:
@@ -109,9 +102,10 @@ def warm(config_json: bytes) -> None:
     from fedsim.client import runtime
 
     try:
-        if runtime.config_of(config_json.decode()).simulation.device != "cpu":
+        config = config_json.decode()
+        if runtime.config_of(config).simulation.device != "cpu":
             return  # a CUDA context cannot cross a fork: each child builds its runtime on the GPU itself
-        runtime.prepare(config_json.decode())
+        runtime.prepare(config)
     except Exception as err:  # noqa: BLE001 (children build it themselves, and report what fails)
         print(f"fedsim fork server: not keeping this run's data warm: {err}", file=sys.stderr)
 
@@ -125,7 +119,7 @@ def serve(listener: socket.socket) -> None:
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
     sel.register(announced, selectors.EVENT_READ)
-    tasks: dict[int, Task] = {}
+    tasks: dict[int, socket.socket] = {}  # each task's pid: the connection of the shim waiting for it
     while True:
         for key, _ in sel.select(timeout=0.05):
             if key.fileobj is listener:
@@ -142,13 +136,13 @@ def serve(listener: socket.socket) -> None:
                     listener.close()
                     announced.close()
                     conn.close()
-                    for task in tasks.values():
-                        task.conn.close()
+                    for waiting in tasks.values():
+                        waiting.close()
                     run_task(argv, fds, announce)
                 for fd in fds:
                     os.close(fd)
                 conn.sendall(REPLY.pack(pid, 0))
-                tasks[pid] = Task(pid, conn)
+                tasks[pid] = conn
                 sel.register(conn, selectors.EVENT_READ, pid)
             elif key.fileobj is announced:
                 warm(announced.recv(MAX_CONFIG))
@@ -158,7 +152,7 @@ def serve(listener: socket.socket) -> None:
         reap(tasks, sel)
 
 
-def reap(tasks: dict[int, Task], sel: selectors.BaseSelector) -> None:
+def reap(tasks: dict[int, socket.socket], sel: selectors.BaseSelector) -> None:
     """Tell each finished task's shim its wait status."""
     while tasks:
         try:
@@ -167,24 +161,16 @@ def reap(tasks: dict[int, Task], sel: selectors.BaseSelector) -> None:
             return
         if pid == 0:
             return
-        task = tasks.pop(pid, None)
-        if task is None:
+        conn = tasks.pop(pid, None)
+        if conn is None:
             continue
-        if _registered(sel, task.conn):
-            sel.unregister(task.conn)
+        if conn in sel.get_map():  # not when its shim went first
+            sel.unregister(conn)
         try:
-            task.conn.sendall(REPLY.pack(pid, status))
+            conn.sendall(REPLY.pack(pid, status))
         except OSError:
             pass  # the shim is gone
-        task.conn.close()
-
-
-def _registered(sel: selectors.BaseSelector, conn: socket.socket) -> bool:
-    try:
-        sel.get_key(conn)
-    except KeyError:
-        return False
-    return True
+        conn.close()
 
 
 def main() -> None:
