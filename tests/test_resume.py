@@ -64,13 +64,14 @@ def killed_at(tmp_path: Path, config: Path, kill_round: int) -> None:
 def check_resume(tmp_path: Path, stateful: bool, every: int = 4, **sections: Any) -> None:
     """Run uninterrupted; run again with checkpoints, SIGKILL it mid-way, resume it: same metrics, same model.
 
-    The uninterrupted run is inline whatever the engine: every engine gives the same numbers, bit for bit
-    (tests/test_engines.py), and inline saves starting Ray for it."""
+    The uninterrupted run is inline on one thread whatever the engine (small_config's simulation section: left
+    out, ``backend: auto`` would start a Ray pool on any machine of 2+ cores): every engine gives the same
+    numbers, bit for bit (tests/test_engines.py), and inline saves starting Ray for it."""
     # killed at round 2*every-1 and resumed from round `every`: 10 rounds take the resumed run over a
     # checkpoint of its own (round 2*every) and on past it
     train = {"rounds": 10, **sections.pop("train", {})}
     base = small_config(tmp_path, train=train, **sections)
-    inline = {k: v for k, v in base.items() if k not in ("engine", "simulation")}
+    inline = {**{k: v for k, v in base.items() if k != "engine"}, "simulation": small_config(tmp_path)["simulation"]}
 
     whole = run(parse_config({**inline, "output": {**base["output"], "run_dir": str(tmp_path / "whole")}}))
     expected = metrics(Path(whole["run_dir"]))
