@@ -23,6 +23,7 @@ from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic_core import PydanticSerializationError, to_json
 
 from fedsim.errors import ConfigError, FedsimError, RegistryError, brief
 
@@ -113,8 +114,7 @@ class Registry(Generic[T]):
         key = normalise_name(name)
         if key in self._entries:
             raise RegistryError(
-                f"duplicate {self.kind} name {key!r}: registered by {self._entries[key].source} "
-                f"and again by {source}"
+                f"duplicate {self.kind} name {key!r}: registered by {self._entries[key].source} and again by {source}"
             )
         self._entries[key] = Entry(key, cls, source)
 
@@ -204,7 +204,14 @@ def validate_options(params_cls: type[P], options: Mapping[str, Any] | None, whe
     if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
         raise ConfigError(f"{where}{owner}: options must be a mapping with string keys, got {brief(options)}")
     try:
-        return params_cls(**options)
+        # Validated as the JSON they are (YAML scalars, lists, mappings) in pydantic's strict mode, for every
+        # plugin alike, its Params' own config aside: a boolean or a string is never a number (``true`` is not
+        # 1, ``'0.1'`` not 0.1), while an int still is a float and a list still a tuple.
+        return params_cls.model_validate_json(to_json(dict(options)), strict=True)
+    except PydanticSerializationError as err:
+        raise ConfigError(
+            f"{where}{owner}: options must be YAML values (numbers, text, lists, mappings): {err}"
+        ) from err
     except ValidationError as err:
         problems = []
         for e in err.errors():
@@ -216,8 +223,21 @@ def validate_options(params_cls: type[P], options: Mapping[str, Any] | None, whe
                 problems.append(f"{where}{owner}: {e['ctx']['error']}")
             else:
                 msg = e["msg"].removeprefix("Value error, ")  # a field validator's ValueError: its text alone
-                problems.append(f"{field} = {brief(e['input'])}{owner}: {msg}")
+                problems.append(f"{field} = {brief(e['input'])}{owner}: {msg}{number_as_text(e)}")
         raise ConfigError("; ".join(problems)) from err
+
+
+def number_as_text(error: Mapping[str, Any]) -> str:
+    """A hint for a pydantic ``error`` whose input is text that reads as a number where a number belongs: YAML 1.1
+    (PyYAML) reads a quoted number, and ``1e-3`` without a dot, as text."""
+    value = error.get("input")
+    if error["type"] not in ("int_type", "float_type") or not isinstance(value, str):
+        return ""
+    try:
+        float(value)
+    except ValueError:
+        return ""
+    return "; that is text, not a number: write numbers unquoted, exponents with a dot (1.0e-3, not 1e-3)"
 
 
 def load_dotted(path: str, kind: str) -> object:

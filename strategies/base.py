@@ -5,13 +5,16 @@ with stock Flower strategies wrapped as specs; :mod:`fedsim.strategies` says how
 from __future__ import annotations
 
 import inspect
+import types
 import typing
 from typing import Annotated, Any, ClassVar
 
 from flwr.serverapp.strategy import Strategy
-from pydantic import ConfigDict, Field, create_model
+from pydantic import ConfigDict, Field, TypeAdapter, create_model
+from pydantic.errors import PydanticInvalidForJsonSchema, PydanticSchemaGenerationError
 
 from fedsim.client.hooks import ClientHooks
+from fedsim.errors import RegistryError
 from fedsim.registry import PluginParams, Registry
 from fedsim.server.aggregation import FastAveraging
 from fedsim.server.strategy import EVERY_NODE, ServerSetup
@@ -85,8 +88,28 @@ def _flower_arguments(cls: type) -> set[str]:
     }
 
 
+def _numeric(hint: Any) -> bool:
+    """``int``, ``float``, or an optional one (``float | None``)."""
+    members = set(typing.get_args(hint)) if typing.get_origin(hint) in (typing.Union, types.UnionType) else {hint}
+    return bool(members & {int, float}) and members <= {int, float, type(None)}
+
+
+def _configurable(hint: Any) -> bool:
+    """Whether a config can give a value of type ``hint``: it has a JSON form (not a Strategy, a callable...)."""
+    try:
+        TypeAdapter(hint).json_schema()
+    except (PydanticInvalidForJsonSchema, PydanticSchemaGenerationError):
+        return False
+    return True
+
+
 def wrap_flower_strategy(obj: object) -> type[StrategySpec] | None:
-    """A spec for a Flower ``Strategy`` class, whose ``Params`` are its constructor's keyword arguments."""
+    """A spec for a Flower ``Strategy`` class, whose ``Params`` are its constructor's keyword arguments.
+
+    An argument a config cannot give (no JSON form: a callable, an accountant) keeps its default and is no
+    option; a class that needs one (Flower's differential-privacy wrappers take the strategy they wrap) is
+    refused, naming it.
+    """
     if not (isinstance(obj, type) and issubclass(obj, Strategy)):
         return None
     try:
@@ -98,12 +121,18 @@ def wrap_flower_strategy(obj: object) -> type[StrategySpec] | None:
     for name, p in inspect.signature(obj.__init__).parameters.items():
         if name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
-        default = ... if p.default is inspect.Parameter.empty else p.default
         hint = hints.get(name, Any)
-        if name in FLOWER_RANGES and name in flower_args and hint in (int, float):
+        if not _configurable(hint):
+            if p.default is inspect.Parameter.empty:
+                raise RegistryError(
+                    f"{obj.__qualname__} needs {name!r} ({getattr(hint, '__name__', hint)}), which a config cannot "
+                    "give: build it in a Strategy subclass of your own and name that"
+                )
+            continue
+        if name in FLOWER_RANGES and name in flower_args and _numeric(hint):
             hint = Annotated[hint, Field(**FLOWER_RANGES[name])]
-        fields[name] = (hint, default)
-    config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+        fields[name] = (hint, ... if p.default is inspect.Parameter.empty else p.default)
+    config = ConfigDict(extra="forbid", frozen=True)
     params = create_model(f"{obj.__name__}Params", __config__=config, **fields)
     doc = (obj.__doc__ or "").strip().splitlines()
     summary = f"Flower's {obj.__name__}: {doc[0] if doc else ''} (FedAvg's client half)"

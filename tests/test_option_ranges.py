@@ -9,12 +9,26 @@ Boundary values of each range still validate and build (no training: the run's o
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated, Any, get_args, get_origin
 
+import flwr.serverapp.strategy as flower_strategies
 import pytest
+from annotated_types import Ge, Gt, Le, Lt
+from pydantic import BaseModel
 
+from fedsim.config import RunConfig
+from fedsim.data import DATASETS
+from fedsim.errors import RegistryError
 from fedsim.experiment import load_experiment
+from fedsim.models import MODELS
+from fedsim.norms import NORMS
+from fedsim.partitions import PARTITIONERS
 from fedsim.runner import check_halves
+from fedsim.strategies import STRATEGIES
+from fedsim.strategies.base import wrap_flower_strategy
 from tests import test_bad_inputs as corpus
 from tests.conftest import small_config, write_config
 
@@ -99,12 +113,22 @@ CASES = {f"range-{k}": v for k, v in {**TIGHTENED, **PINNED}.items()}
 assert not CASES.keys() & corpus.CASES.keys()
 
 
-@pytest.mark.parametrize("case_id", list(CASES))
-def test_out_of_range_option_is_one_line_before_training(
-    case_id: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(corpus.CASES, case_id, CASES[case_id])  # checked exactly as a corpus row
-    corpus.test_bad_input_gets_one_clear_line(case_id, tmp_path, capsys, monkeypatch)
+def corpus_rows(cases: dict[str, corpus.Case], setups: dict[str, Callable[[Path], object]] | None = None) -> Callable:
+    """A test of each of ``cases`` (with ``setups``, the files they need) exactly as a row of the bad-input corpus;
+    and no run directory made, not even for a row that may create files (a decode cache)."""
+
+    @pytest.mark.parametrize("case_id", list(cases))
+    def test(case_id: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setitem(corpus.CASES, case_id, cases[case_id])
+        for name, setup in (setups or {}).items():
+            monkeypatch.setitem(corpus.SETUPS, name, setup)
+        corpus.test_bad_input_gets_one_clear_line(case_id, tmp_path, capsys, monkeypatch)
+        assert not (tmp_path / "runs").exists()  # small_config's output.dir
+
+    return test
+
+
+test_out_of_range_option_is_one_line_before_training = corpus_rows(CASES)
 
 
 @pytest.mark.parametrize(
@@ -135,3 +159,54 @@ def test_range_boundaries_are_accepted(tmp_path: Path, override: str, expected: 
     params = experiment.strategy.params
     assert {k: getattr(params, k) for k in expected} == expected
     check_halves(experiment)  # the run's pre-flight: model and server half built as the run would
+
+
+def _unranged(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """The int and float options of ``model`` and its sections that state no range: no bound (ge, gt, le, lt)
+    on the number and no validator of the field's own (which states it in its message)."""
+    validated = {f for d in model.__pydantic_decorators__.field_validators.values() for f in d.info.fields}
+    found = []
+    for name, field in model.model_fields.items():
+        if inspect.isclass(field.annotation) and issubclass(field.annotation, BaseModel):
+            found += _unranged(field.annotation, f"{prefix}{name}.")
+        elif name not in validated and _bare_number(field.annotation, field.metadata):
+            found.append(f"{prefix}{name}")
+    return found
+
+
+def _bare_number(annotation: Any, metadata: list[Any]) -> bool:
+    """Whether ``annotation`` holds an int or a float (alone, optional, a list's items...) with no bound."""
+    if any(isinstance(m, Ge | Gt | Le | Lt) for m in metadata):
+        return False
+    if get_origin(annotation) is Annotated:
+        inner, *extra = get_args(annotation)
+        return _bare_number(inner, extra)
+    return annotation in (int, float) or any(_bare_number(a, []) for a in get_args(annotation))
+
+
+def _flower_specs() -> dict[str, type]:
+    """Every Strategy class Flower ships, wrapped as a config would name it (those a config cannot build skipped)."""
+    specs = {}
+    for name, obj in vars(flower_strategies).items():
+        if inspect.isclass(obj) and issubclass(obj, flower_strategies.Strategy):
+            try:
+                specs[f"{FLOWER}:{name}"] = wrap_flower_strategy(obj)
+            except RegistryError as err:  # the differential-privacy wrappers: they need the strategy they wrap
+                assert f"{name} needs 'strategy'" in str(err)
+    return specs
+
+
+def test_every_numeric_option_states_its_range() -> None:
+    """A new option of a built-in plugin, of a Flower strategy or of the config that is a number without a
+    range fails here: declare it (``Field(ge=..)``, FLOWER_RANGES in strategies/base.py) or check it in a
+    validator of its own."""
+    params = {
+        f"{registry.kind} {entry.name}": entry.obj.Params
+        for registry in (STRATEGIES, NORMS, MODELS, PARTITIONERS, DATASETS)
+        for entry in registry
+        if entry.source == "builtin"
+    }
+    params |= {name: spec.Params for name, spec in _flower_specs().items()}
+    assert len(params) > 50
+    unranged = {name: found for name, model in {**params, "config": RunConfig}.items() if (found := _unranged(model))}
+    assert unranged == {}
