@@ -18,6 +18,7 @@ from flwr.serverapp.strategy import Strategy
 
 from fedsim.config import RunConfig, load_config
 from fedsim.data import DATASETS, DatasetLoader
+from fedsim.data.base import check_classes
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.federation import Federation, load_federation
 from fedsim.models import MODELS, FedsimModel
@@ -40,8 +41,11 @@ class Experiment:
     strategy: StrategySpec
 
     def federation(self) -> Federation:
-        """The dataset and its split (decoded and split once per process)."""
-        return load_federation(self.config, self.loader, self.partitioner)
+        """The dataset and its split (decoded and split once per process), refused if a run cannot learn from
+        it and score it (:func:`fedsim.data.base.check_classes`)."""
+        fed = load_federation(self.config, self.loader, self.partitioner)
+        check_classes(fed.dataset)
+        return fed
 
     def build_model(self) -> FedsimModel:
         """A fresh model for the dataset's classes and image shape (weights from torch's global RNG)."""

@@ -141,6 +141,34 @@ def read_dataset(loader: DatasetLoader, source: DataSource, name: str) -> ArrayD
     return dataset
 
 
+MAX_CLASSES = 100_000  # labels are class indices 0..C-1: ImageNet-21k, among the largest, has 21,841
+
+
+def check_classes(dataset: ArrayDataset) -> None:
+    """What a run can learn from and score: images in both splits, 2+ classes, each with training and test
+    images. Otherwise a run is meaningless yet finishes (one class: accuracy 1.0, loss 0; a class without
+    training images: an output never trained; without test images: a per-class accuracy of nothing; a
+    stray label of 1,000,000: a model of a million outputs), or fails after training (no test images)."""
+    what = f"dataset {dataset.name!r}"
+    n_train, n_test, num_classes = len(dataset.y_train), len(dataset.y_test), dataset.num_classes
+    if not n_train or not n_test:
+        raise DataError(f"{what}: {n_train:,} training and {n_test:,} test images; a run needs both")
+    if not 2 <= num_classes <= MAX_CLASSES:
+        raise DataError(
+            f"{what}: {n_train:,} training and {n_test:,} test images of {num_classes:,} class(es) "
+            f"({', '.join(map(repr, dataset.classes[:3]))}); a run needs 2 to {MAX_CLASSES:,} classes"
+        )
+    for split, y in (("training", dataset.y_train), ("test", dataset.y_test)):
+        counts = torch.bincount(y, minlength=num_classes)
+        if missing := (counts == 0).nonzero().flatten().tolist():
+            named = ", ".join(repr(dataset.classes[c]) for c in missing[:3]) + (", ..." if len(missing) > 3 else "")
+            raise DataError(
+                f"{what}: {len(missing):,} of {num_classes:,} classes without {split} images ({named}); its "
+                f"{len(y):,} {split} images cover {num_classes - len(missing):,}; every class needs training and "
+                "test images (labels are class indices 0..C-1)"
+            )
+
+
 def load_dataset(
     name: str,
     root: str | Path,
@@ -172,4 +200,10 @@ def labels_int64(y: np.ndarray | torch.Tensor | list[int], n: int, what: str) ->
         t = t[:, 0]
     if t.ndim != 1 or len(t) != n or t.is_floating_point():
         raise DataError(f"{what}: labels must be {n} integers, got {t.dtype} of shape {tuple(t.shape)}")
-    return t.to(torch.int64).contiguous()
+    t = t.to(torch.int64).contiguous()
+    if beyond := int((t >= MAX_CLASSES).sum()):  # before a loader makes a class name for every index up to it
+        raise DataError(
+            f"{what}: {beyond:,} of {n:,} labels are {MAX_CLASSES:,} or more (the largest {int(t.max()):,}); labels "
+            f"are class indices 0..C-1, at most {MAX_CLASSES:,} classes"
+        )
+    return t
