@@ -1,0 +1,175 @@
+"""Meaningful values only: a config or dataset that would run to a number that means nothing is refused up front.
+
+Rows of the bad-input corpus (:mod:`tests.test_bad_inputs`: exit status 2, one ``fedsim: error:`` line,
+nothing created), grouped by the audit of issue 25 that found them, each of which ran to exit 0 before:
+booleans and text taken as numbers (``train.num_clients=true`` trained 1 client, ``train.lr=true`` at 1.0),
+``train.local_steps=0`` recorded ``train_loss: 0.0`` for rounds of no training, ``simulation.threads=1000000``
+crashed torch (SIGSEGV), an npz label of 1,000,000 built a 1,000,001-class model, a one-class dataset scored
+accuracy 1.0 and loss 0, a test label absent from training was scored, and zero test images failed with
+ZeroDivisionError after training.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fedsim.experiment import load_experiment
+from tests import test_bad_inputs as corpus
+from tests.conftest import small_config, write_config
+from tests.test_option_ranges import corpus_rows
+
+run = corpus.run
+FLOWER = "flwr.serverapp.strategy"
+LABELS = np.arange(20, dtype=np.int64) % 10  # the corpus npz: 20 images, two of each of 10 classes
+
+
+def _labels(**changes: int) -> np.ndarray:
+    """The corpus labels with ``i<index>=<label>`` changes."""
+    y = LABELS.copy()
+    for index, label in changes.items():
+        y[int(index.removeprefix("i"))] = label
+    return y
+
+
+SETUPS = {
+    "label_a_million": lambda tmp: corpus._npz(tmp / "d.npz", y_train=_labels(i0=1_000_000)),
+    "label_far_beyond": lambda tmp: corpus._npz(tmp / "d.npz", y_train=_labels(i0=50_000)),
+    "test_label_untrained": lambda tmp: corpus._npz(tmp / "d.npz", y_train=_labels(i9=8, i19=8)),
+    "class_untested": lambda tmp: corpus._npz(tmp / "d.npz", y_test=_labels(i3=4, i13=4)),
+    "one_class": lambda tmp: corpus._npz(tmp / "d.npz", y_train=LABELS * 0, y_test=LABELS * 0),
+    "no_test_images": lambda tmp: corpus._npz(
+        tmp / "d.npz", x_test=np.zeros((0, 28, 28), np.uint8), y_test=np.zeros(0, np.int64)
+    ),
+    "one_class_imagefolder": lambda tmp: _one_class_tree(tmp / "one"),
+}
+
+
+def _one_class_tree(root: Path) -> None:
+    for split in ("train", "test"):
+        (root / split / "cat").mkdir(parents=True)
+        for i in range(8):
+            Image.new("RGB", (4, 4), (i, i, i)).save(root / split / "cat" / f"{i}.png")
+
+
+NPZ = "data.root={tmp}/d.npz"
+
+CASES: dict[str, corpus.Case] = {
+    # --- strict types: no booleans or text as numbers, in the config and in every plugin's options
+    "num-clients-bool": run("train.num_clients=true", expect=("train.num_clients", "valid integer", "(got True)")),
+    "lr-bool": run("train.lr=true", expect=("train.lr: Input should be a valid number (got True)",)),
+    "lr-quoted": run("train.lr='0.1'", expect=("train.lr", "(got '0.1')", "text, not a number")),
+    "lr-exponent-without-dot": run("train.lr=1e-3", expect=("(got '1e-3')", "1.0e-3, not 1e-3")),
+    "rounds-whole-float": run("train.rounds=2.0", expect=("train.rounds", "valid integer", "(got 2.0)")),
+    "global-test-one": run("eval.global_test=1", expect=("eval.global_test", "valid boolean", "(got 1)")),
+    "checkpoint-every-bool": run("output.checkpoint_every=false", expect=("output.checkpoint_every", "(got False)")),
+    "num-cpus-bool": run("simulation.client_resources.num_cpus=true", expect=("num_cpus", "valid number")),
+    "fedprox-mu-bool": run(
+        "strategy={name: fedprox, mu: true}", expect=("strategy.mu = True for strategy 'fedprox'", "valid number")
+    ),
+    "flower-momentum-bool": run(
+        f"strategy={{name: '{FLOWER}:FedAvgM', server_momentum: true}}",
+        expect=("strategy.server_momentum = True", "valid number"),
+    ),
+    "flower-min-nodes-whole-float": run(
+        f"strategy={{name: '{FLOWER}:FedAvg', min_train_nodes: 2.0}}",
+        expect=("strategy.min_train_nodes = 2.0", "valid integer"),
+    ),
+    "gn-groups-bool": run("model.norm={name: gn, groups: true}", expect=("model.norm.groups = True", "valid integer")),
+    "beta-quoted": run("partition.beta='0.5'", expect=("partition.beta = '0.5'", "text, not a number")),
+    "min-size-float": run("partition.min_size=2.0", expect=("partition.min_size = 2.0", "valid integer")),
+    "hidden-bool": run("model.hidden=[true]", expect=("model.hidden.0 = True", "valid integer")),
+    "pacs-fraction-bool": run(
+        "data.dataset={name: pacs, test_fraction: true}", expect=("data.dataset.test_fraction = True", "valid number")
+    ),
+    # --- zero work
+    "local-steps-zero": run("train.local_steps=0", expect=("train.local_steps", "greater than or equal to 1")),
+    # --- resources bounded by the machine
+    "threads-a-million": run(
+        "simulation.threads=1000000",
+        expect=(
+            f"simulation.threads = 1000000: give auto or a whole number of threads in 1..{4 * (os.cpu_count() or 1)}",
+            f"(4 x this machine's {os.cpu_count()} CPUs)",
+        ),
+    ),  # fmt: skip
+    # --- a Flower strategy a config cannot build (it wraps another): refused by name, not a SchemaError traceback
+    "flower-dp-wrapper": run(
+        f"strategy={FLOWER}:DifferentialPrivacyServerSideFixedClipping",
+        expect=("strategy.name: DifferentialPrivacyServerSideFixedClipping needs 'strategy' (Strategy)",),
+    ),
+    # --- the data's labels and classes, with counts
+    "label-a-million": run(
+        NPZ,
+        expect=("y_train: 1 of 20 labels are 100,000 or more (the largest 1,000,000)", "class indices 0..C-1"),
+        setup="label_a_million",
+    ),
+    "label-far-beyond-classes": run(
+        NPZ,
+        expect=(
+            "dataset 'd': 49,990 of 50,001 classes without training images ('10', '11', '12', ...)",
+            "its 20 training images cover 11",
+        ),
+        setup="label_far_beyond",
+    ),  # fmt: skip
+    "test-label-not-trained": run(
+        NPZ, expect=("1 of 10 classes without training images ('9')", "cover 9"), setup="test_label_untrained"
+    ),
+    "class-without-test-images": run(
+        NPZ, expect=("1 of 10 classes without test images ('3'); its 20 test images cover 9",), setup="class_untested"
+    ),
+    "one-class": run(
+        NPZ,
+        expect=("dataset 'd': 20 training and 20 test images of 1 class(es) ('0'); a run needs 2 to 100,000 classes",),
+        setup="one_class",
+    ),
+    "no-test-images": run(
+        NPZ, expect=("dataset 'd': 20 training and 0 test images; a run needs both",), setup="no_test_images"
+    ),
+    "one-class-imagefolder": run(
+        "data.dataset=imagefolder",
+        "data.root={tmp}/one",
+        "data.cache_dir={tmp}/cache",
+        "train.batch_size=4",
+        expect=("dataset 'one': 8 training and 8 test images of 1 class(es) ('cat')",),
+        setup="one_class_imagefolder",
+        creates=True,  # the decoded images' cache
+    ),
+}
+CASES = {f"meaningful-{k}": v for k, v in CASES.items()}
+assert not CASES.keys() & corpus.CASES.keys()
+
+
+test_meaningless_value_is_one_line_before_training = corpus_rows(CASES, SETUPS)
+
+
+@pytest.mark.parametrize(
+    ("override", "where", "expected"),
+    [
+        ("train.lr=1", "train", {"lr": 1.0}),  # an int is a float
+        ("simulation.client_resources.num_cpus=2", "simulation.client_resources", {"num_cpus": 2.0}),
+        ("partition.beta=1", "partition", {"beta": 1.0}),
+        ("strategy={name: fedprox, mu: 0}", "strategy", {"mu": 0.0}),
+        ("model.norm={name: ln_goldschmidt, delta_range: [0.5, 2]}", "model.norm", {"delta_range": (0.5, 2.0)}),
+        (f"strategy={{name: '{FLOWER}:FedAvgM', server_learning_rate: 2}}", "strategy", {"server_learning_rate": 2.0}),
+        (f"simulation.threads={4 * (os.cpu_count() or 1)}", "simulation", {"threads": 4 * (os.cpu_count() or 1)}),
+    ],
+)
+def test_ints_are_floats_and_lists_are_tuples(
+    tmp_path: Path, override: str, where: str, expected: dict[str, object]
+) -> None:
+    experiment = load_experiment(write_config(tmp_path, small_config(tmp_path)), [override])
+    resolved = {
+        "partition": experiment.partitioner.params,
+        "strategy": experiment.strategy.params,
+        "model.norm": experiment.normaliser.params,
+    }
+    section = resolved.get(where) or experiment.config
+    if where not in resolved:
+        for part in where.split("."):
+            section = getattr(section, part)
+    got = {k: getattr(section, k) for k in expected}
+    assert got == expected and all(type(v) is type(expected[k]) for k, v in got.items())
