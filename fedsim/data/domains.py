@@ -19,8 +19,9 @@ from pathlib import Path, PurePosixPath
 
 from pydantic import Field
 
+from fedsim.data.archives import archive_members
 from fedsim.data.base import DATASETS, ArrayDataset, DatasetLoader, DataSource
-from fedsim.data.imagefolder import IMAGE_SUFFIXES, Arrays, ImageDecoder, archive_members, dataset_name, load_cached
+from fedsim.data.imagefolder import IMAGE_SUFFIXES, Arrays, ImageDecoder, dataset_name, load_cached
 from fedsim.errors import DataError
 
 PACS_URL = "https://domaingeneralization.github.io/#data"
@@ -87,4 +88,3 @@ class PACS(Domains):
             f"<domain>/<class>/*.jpg, 4 domains, 7 classes, 9,991 images) and set data.root to that folder or an "
             f"archive of it; fedsim does not download it"
         )
-

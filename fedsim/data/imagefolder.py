@@ -1,26 +1,27 @@
 """The ``imagefolder`` loader: ``train/<class>/*`` and ``test/<class>/*`` in a directory, a tar or a zip.
 
-Archives are read in one streaming pass, never unpacked, and the decoded uint8 arrays are cached
-in ``cache_dir`` (keyed by the source's path, size and mtime), so only the first load decodes.
+Archives are read in one streaming pass to their end, checked (:mod:`fedsim.data.archives`), never
+unpacked, and the decoded uint8 arrays are cached in ``cache_dir``, keyed by a SHA-256 of the
+source's bytes and written only once a whole source decoded without error, so only the first load
+decodes and a damaged source never leaves a cache behind.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import io
 import logging
 import os
-import tarfile
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from fedsim.data.archives import archive_members
 from fedsim.data.base import DATASETS, ArrayDataset, DatasetLoader, DataSource
 from fedsim.errors import DataError
 
@@ -29,7 +30,9 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "test")
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png"})
 PIL_FORMATS = ("JPEG", "PNG")
-CACHE_VERSION = 1  # bump when the decoded layout changes, so old caches are ignored
+# Bump when the decoded layout changes, so old caches are ignored. 2: caches of version 1 may hold what a
+# damaged tar read up to its damage, which version 1 took for the whole dataset
+CACHE_VERSION = 2
 
 
 @DATASETS.register("imagefolder")
@@ -88,19 +91,13 @@ def dataset_name(root: Path) -> str:
 
 
 def _source_key(root: Path) -> str:
-    """Changes whenever the source does: path + size + mtime of the archive, or of every file in a tree."""
-    h = hashlib.sha256(f"v{CACHE_VERSION}|{root}".encode())
-    if root.is_dir():
-        # A directory's own mtime misses edits inside its subfolders: stat every file instead.
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            for f in sorted(filenames):
-                path = os.path.join(dirpath, f)
-                st = os.stat(path)
-                h.update(f"{os.path.relpath(path, root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
-    else:
-        st = root.stat()
-        h.update(f"|{st.st_size}|{st.st_mtime_ns}".encode())
+    """The source's fingerprint: a SHA-256 of an archive's bytes (0.04 s for CIFAR-10's 20 MB), or of every
+    file's path and bytes in a tree (1 s for CIFAR-10's 60,000 files; a decode takes 10 s)."""
+    h = hashlib.sha256(f"v{CACHE_VERSION}".encode())
+    files = [root] if not root.is_dir() else sorted(p for p in root.rglob("*") if p.is_file())
+    for path in files:
+        with open(path, "rb") as f:
+            h.update(f"{path.relative_to(root).as_posix()}|{hashlib.file_digest(f, 'sha256').hexdigest()}\n".encode())
     return h.hexdigest()[:16]
 
 
@@ -141,44 +138,6 @@ def _decode(root: Path) -> Arrays:
     return decoder.finish()
 
 
-def _inside(root: Path, member: str) -> str:
-    """An archive member's name, refused when it points outside the archive (fedsim never unpacks one, but
-    such a name means the archive was made to be unpacked somewhere it should not be)."""
-    parts = PurePosixPath(member).parts
-    if member.startswith(("/", "\\")) or ".." in parts:
-        raise DataError(f"dataset archive {root}: member {member!r} points outside the archive ('/' or '..')")
-    return member
-
-
-def archive_members(root: Path) -> Iterator[tuple[str, Callable[[], bytes]]]:
-    """(relative POSIX path, read-bytes callable) for every regular file, in one pass."""
-    if root.is_dir():
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            for f in sorted(filenames):
-                full = Path(dirpath, f)
-                yield full.relative_to(root).as_posix(), full.read_bytes
-        return
-    if zipfile.is_zipfile(root):
-        try:
-            with zipfile.ZipFile(root) as archive:
-                for zinfo in archive.infolist():
-                    if not zinfo.is_dir():
-                        yield _inside(root, zinfo.filename), functools.partial(archive.read, zinfo)
-        except (zipfile.BadZipFile, OSError) as err:
-            raise DataError(f"dataset archive {root}: not a readable zip archive ({err})") from err
-        return
-    try:
-        # "r|*": a forward-only stream (no seeking back through a .gz), any compression
-        with tarfile.open(root, mode="r|*") as tar:
-            for info in tar:
-                fileobj = tar.extractfile(info) if info.isfile() else None
-                if fileobj is not None:
-                    yield _inside(root, info.name), fileobj.read
-    except (tarfile.TarError, EOFError, OSError) as err:
-        raise DataError(f"imagefolder dataset {root}: not a readable directory, tar or zip archive ({err})") from err
-
-
 def _split_and_class(member: str) -> tuple[str, str] | None:
     """``[wrapper/]train/<class>/<file>`` -> ("train", class); anything else (README, ._foo) -> None."""
     parts = PurePosixPath(member).parts
@@ -217,7 +176,10 @@ class ImageDecoder:
                 if self.size is not None:
                     rgb = rgb.resize((self.size, self.size), Image.Resampling.BILINEAR, reducing_gap=None)
                 img = np.array(rgb)  # H x W x 3 uint8
-        except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as err:
+        except UnidentifiedImageError as err:  # its message names a BytesIO object at some address
+            raise DataError(f"imagefolder dataset {self.root}: cannot decode {member}: not a JPEG or PNG") from err
+        except (Image.DecompressionBombError, OSError, ValueError, SyntaxError) as err:
+            # SyntaxError: what Pillow raises for a PNG whose chunks are damaged
             raise DataError(f"imagefolder dataset {self.root}: cannot decode {member}: {err}") from err
         if self.shape is None:
             self.shape, self.first = tuple(img.shape), member

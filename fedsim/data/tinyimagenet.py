@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
+from fedsim.data.archives import archive_members
 from fedsim.data.base import DATASETS, ArrayDataset, DatasetLoader, DataSource
-from fedsim.data.imagefolder import IMAGE_SUFFIXES, Arrays, ImageDecoder, archive_members, load_cached
+from fedsim.data.imagefolder import IMAGE_SUFFIXES, Arrays, ImageDecoder, load_cached
 from fedsim.errors import DataError
 
 URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
