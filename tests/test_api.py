@@ -1,0 +1,101 @@
+"""The Python API (``fedsim.run``, ``fedsim.resume``, ``fedsim.open_run``, ``fedsim.make_config``): the same runs
+as the command line, results read back as a DataFrame, and failures as :class:`fedsim.FedsimError`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from flwr.app import ArrayRecord
+
+import fedsim
+from fedsim.cli import main
+from fedsim.config import RunConfig
+from fedsim.server.reporter import RoundReporter
+from tests.conftest import small_config, write_config
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Any:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def lines(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_run_from_a_mapping_equals_the_command_line_and_reads_back(tmp_path: Path) -> None:
+    raw = small_config(tmp_path, output={"run_dir": str(tmp_path / "api")})
+    result = fedsim.run(raw, ["train.rounds=2", "eval.every=1"])
+    cli_cfg = write_config(tmp_path, {**raw, "output": {**raw["output"], "run_dir": str(tmp_path / "cli")}})
+    assert main(["run", str(cli_cfg), "--set", "train.rounds=2", "eval.every=1"]) == 0
+
+    assert result.dir == tmp_path / "api" and result.finished
+    assert result.config["train.rounds"] == 2 and result.config["model.norm.name"] == "ln"
+    wall_clock = ("time_s", "rss_mb")
+    api_lines, cli_lines = lines(tmp_path / "api"), lines(tmp_path / "cli")
+    assert [{k: v for k, v in m.items() if k not in wall_clock} for m in api_lines] == [
+        {k: v for k, v in m.items() if k not in wall_clock} for m in cli_lines
+    ]
+    frame = result.metrics()
+    assert list(frame.index) == [1, 2] and frame.index.name == "round"
+    assert frame["client_mean_acc"].tolist() == [m["client_mean_acc"] for m in api_lines]
+    assert frame.loc[2, "client_acc"] == api_lines[1]["client_acc"]  # per-client lists stay lists
+    assert result.summary["final_client_mean_acc"] == api_lines[-1]["client_mean_acc"]
+    assert fedsim.open_run(tmp_path / "api").summary == result.summary
+
+
+def test_a_config_file_a_mapping_and_a_runconfig_give_one_config(tmp_path: Path) -> None:
+    raw = small_config(tmp_path)
+    from_file = fedsim.make_config(write_config(tmp_path, raw), ["train.lr=0.1"])
+    from_mapping = fedsim.make_config(raw, ["train.lr=0.1"])
+    assert isinstance(from_file, RunConfig) and from_file == from_mapping
+    assert fedsim.make_config(from_mapping, ["seed=3"]).seed == 3 and from_mapping.seed == 0  # a copy
+    assert raw["train"]["lr"] == 0.05  # the caller's mapping is left as it was
+
+
+@pytest.mark.parametrize(
+    ("call", "fragment"),
+    [
+        (lambda tmp: fedsim.run(small_config(tmp), ["train.rounds=0"]), "train.rounds"),
+        (lambda tmp: fedsim.run(small_config(tmp), "train.rounds=2"), "give a list of key=value strings"),
+        (lambda tmp: fedsim.run(tmp / "missing.yaml"), "config file not found"),
+        (lambda tmp: fedsim.open_run(tmp), "not a run directory"),
+        (lambda tmp: fedsim.resume(tmp), "not a run directory"),
+    ],
+    ids=["bad-value", "overrides-as-one-string", "missing-file", "open-not-a-run", "resume-not-a-run"],
+)
+def test_failures_are_fedsim_errors_and_create_nothing(tmp_path: Path, call: Any, fragment: str) -> None:
+    with pytest.raises(fedsim.FedsimError, match=fragment):
+        call(tmp_path)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_interrupted_run_resumes_from_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (a Jupyter kernel's interrupt) stops ``fedsim.run`` with KeyboardInterrupt, after which
+    ``fedsim.resume`` finishes it with the uninterrupted run's numbers."""
+    raw = small_config(tmp_path, train={"rounds": 4}, eval={"every": 1})
+    whole = fedsim.run(raw, [f"output.run_dir={tmp_path / 'whole'}"])
+    report = RoundReporter.round_done
+
+    def interrupt_in_round_3(self: RoundReporter, server_round: int, arrays: ArrayRecord, *facts: Any) -> Any:
+        if server_round == 3:
+            raise KeyboardInterrupt
+        return report(self, server_round, arrays, *facts)
+
+    monkeypatch.setattr(RoundReporter, "round_done", interrupt_in_round_3)
+    stopped = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt):
+        fedsim.run(raw, [f"output.run_dir={stopped}", "output.checkpoint_every=2"])
+    monkeypatch.undo()
+    assert not fedsim.open_run(stopped).finished
+    resumed = fedsim.resume(stopped)
+    assert resumed.summary["resumed_from_round"] == 2
+    columns = ["train_loss", "client_mean_acc", "global_acc"]
+    assert resumed.metrics()[columns].equals(whole.metrics()[columns])
