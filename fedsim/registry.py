@@ -229,7 +229,7 @@ def validate_options(params_cls: type[P], options: Mapping[str, Any] | None, whe
 
 def number_as_text(error: Mapping[str, Any]) -> str:
     """A hint for a pydantic ``error`` whose input is text that reads as a number where a number belongs: YAML 1.1
-    (PyYAML) reads a quoted number, and ``1e-3`` without a dot, as text."""
+    (PyYAML) reads a quoted number as text, and so an exponent without a dot and a sign (``1e-3``, ``1.0e6``)."""
     value = error.get("input")
     if error["type"] not in ("int_type", "float_type") or not isinstance(value, str):
         return ""
@@ -237,7 +237,7 @@ def number_as_text(error: Mapping[str, Any]) -> str:
         float(value)
     except ValueError:
         return ""
-    return "; that is text, not a number: write numbers unquoted, exponents with a dot (1.0e-3, not 1e-3)"
+    return "; that is text, not a number: write numbers unquoted, exponents with a dot and a sign (1.0e-3, 1.0e+6)"
 
 
 def load_dotted(path: str, kind: str) -> object:
