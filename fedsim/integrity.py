@@ -21,7 +21,7 @@ def _feed(h: Any, value: Any) -> None:
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu().contiguous()
         h.update(f"tensor:{t.dtype}:{tuple(t.shape)}:".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # the tensor's own bytes, not a copy
     elif isinstance(value, dict):
         h.update(f"dict:{len(value)}:".encode())
         for key in sorted(value, key=str):

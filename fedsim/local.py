@@ -26,6 +26,7 @@ from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.client.runtime import ClientRuntime, round_seed
 from fedsim.client.training import ClientRound, train_local
 from fedsim.config import RunConfig, apply_overrides, parse_config, read_yaml
+from fedsim.data.fingerprint import DATA_FINGERPRINT, check_same_data, fingerprint
 from fedsim.diagnostics import ProbeDiagnostics, probe_images
 from fedsim.engines.layout import torch_threads
 from fedsim.errors import ConfigError, DataError
@@ -73,15 +74,22 @@ def finished_run_config(
     return cfg
 
 
-def load_model(run_dir: Path) -> dict[str, torch.Tensor]:
-    """The run's ``model.pt``, checked against the checksum its summary recorded when it was written."""
-    path = run_dir / "model.pt"
-    state = read_torch(path, "model")
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """The run's ``summary.json``: the checksums of its model and of its data."""
     try:
         summary = json.loads((run_dir / SUMMARY).read_text())
     except ValueError as err:
         raise DataError(f"{run_dir / SUMMARY}: not JSON ({err})") from err
-    verify(path, state, summary.get(MODEL_CHECKSUM) if isinstance(summary, dict) else None)
+    if not isinstance(summary, dict):
+        raise DataError(f"{run_dir / SUMMARY}: not a fedsim summary (a JSON {type(summary).__name__}, not an object)")
+    return summary
+
+
+def load_model(run_dir: Path, summary: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The run's ``model.pt``, checked against the checksum its ``summary`` recorded when it was written."""
+    path = run_dir / "model.pt"
+    state = read_torch(path, "model")
+    verify(path, state, summary.get(MODEL_CHECKSUM))
     return state
 
 
@@ -94,12 +102,17 @@ def continue_locally(
     a vanilla run's model with FN, which has no parameters (LN-FL Fig. 2, right), ``train.lr=...``.
     """
     cfg = finished_run_config(run_dir, client, steps, every, overrides)
+    summary = read_summary(Path(run_dir))
     runtime = ClientRuntime(resolve(cfg))
+    # the run's model continued on other data would be no continuation of it
+    check_same_data(
+        summary.get(DATA_FINGERPRINT), fingerprint(runtime.fed.dataset), Path(run_dir) / SUMMARY, cfg.data.root
+    )
     torch.set_num_threads(torch_threads(cfg.simulation))
     data = runtime.data(client)
     if len(data.y_train) == 0:
         raise DataError(f"--client {client} holds no training samples in this run's split: choose another client")
-    state = load_model(Path(run_dir))
+    state = load_model(Path(run_dir), summary)
     try:
         runtime.model.load_state_dict(state)
     except RuntimeError as err:  # --set changed the model's tensors

@@ -13,9 +13,12 @@ import torch
 
 from fedsim.cli import main
 from fedsim.config import load_config
+from fedsim.data import load_dataset
+from fedsim.data.fingerprint import DATA_FINGERPRINT, fingerprint
 from fedsim.integrity import digest
 from fedsim.runner import run
-from tests.conftest import REPO
+from tests.conftest import MNIST_SMALL, REPO
+from tests.test_data_integrity import relabelled
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 
@@ -122,3 +125,29 @@ def test_a_model_changed_on_disk_is_refused(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model.pt: not a readable model" in err[0]
     assert not list(run_dir.glob("local-*"))
+
+
+def test_other_data_than_the_run_trained_on_is_refused(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """summary.json records the fingerprint of the run's data: its model continued on other data (here the
+    quickstart's images with the training labels permuted) would be no continuation of it."""
+    data = tmp_path / "relabelled.npz"
+    relabelled(MNIST_SMALL, data)
+    recorded = json.loads((finished_run / "summary.json").read_text())[DATA_FINGERPRINT]
+    now = fingerprint(load_dataset("npz", data))
+    assert main(["local", str(finished_run), "--client", "0", "--steps", "2", "--set", f"data.root={data}"]) == 2
+    assert capsys.readouterr().err == (
+        f"fedsim: error: data.root {data} holds other data than the run trained on ({DATA_FINGERPRINT} "
+        f"{now[:16]}..., {finished_run / 'summary.json'} recorded {recorded[:16]}...): refused; give the run the "
+        "data it began with\n"
+    )
+    run_dir = tmp_path / "copy"
+    shutil.copytree(finished_run, run_dir, ignore=shutil.ignore_patterns("local-*"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    del summary[DATA_FINGERPRINT]  # as a fedsim before fingerprints wrote it
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    assert main(["local", str(run_dir), "--client", "0", "--steps", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"summary.json: records no fingerprint ({DATA_FINGERPRINT})" in err[0]
+    assert not list(finished_run.glob("local-0,*")) and not list(run_dir.glob("local-*"))

@@ -34,6 +34,7 @@ from flwr.serverapp import Grid
 from fedsim import wire
 from fedsim.arrays import array_view, to_array_record
 from fedsim.config import RunConfig, parse_config, read_yaml
+from fedsim.data.fingerprint import DATA_FINGERPRINT, check_same_data
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.integrity import digest, read_torch, verify
 from fedsim.rundir import CHECKPOINT, CLIENT_STATE, NOT_LEARNING, SUMMARY, RunDir, flatten, temp_name
@@ -78,6 +79,7 @@ class Checkpoint:
     elapsed_s: float  # run time up to this round (time_s goes on from here)
     run_key: str  # the clients' state subdirectory
     config: str  # the RunConfig as JSON: a resume must not run another experiment
+    data_sha256: str | None  # the data's fingerprint (fedsim.data.fingerprint), None if written before them
     rng: dict[str, Any]
     # partitions left out (on_client_failure: skip) since the last metrics line, which the next one lists
     failed: dict[int, list[int]] = field(default_factory=dict)
@@ -91,6 +93,7 @@ class Checkpoint:
             "elapsed_s": self.elapsed_s,
             "run_key": self.run_key,
             "config": self.config,
+            DATA_FINGERPRINT: self.data_sha256,
             "rng": self.rng,
             "failed": json.dumps(self.failed),
         }
@@ -103,8 +106,9 @@ class Checkpoint:
         os.replace(tmp, run_dir / CHECKPOINT)
 
     @classmethod
-    def load(cls, run_dir: Path, cfg: RunConfig | None = None) -> Checkpoint:
-        """The checkpoint in ``run_dir``; with ``cfg``, refused unless ``cfg`` trains as the saved config."""
+    def load(cls, run_dir: Path, cfg: RunConfig | None = None, data_sha256: str | None = None) -> Checkpoint:
+        """The checkpoint in ``run_dir``; with ``cfg``, refused unless ``cfg`` trains as the saved config, and with
+        ``data_sha256`` (the fingerprint of ``cfg``'s data), on the same data."""
         path = run_dir / CHECKPOINT
         try:
             p = read_torch(path, "fedsim checkpoint")
@@ -122,6 +126,7 @@ class Checkpoint:
                 elapsed_s=float(p["elapsed_s"]),
                 run_key=str(p["run_key"]),
                 config=str(p["config"]),
+                data_sha256=p.get(DATA_FINGERPRINT),
                 rng=p["rng"],
                 failed={int(r): pids for r, pids in json.loads(p["failed"]).items()},
             )
@@ -129,6 +134,8 @@ class Checkpoint:
             raise FedsimError(f"{path}: not a readable fedsim checkpoint ({type(err).__name__}: {err})") from err
         if cfg is not None:
             _check_same_run(cfg, checkpoint.config)
+            if data_sha256 is not None:
+                check_same_data(checkpoint.data_sha256, data_sha256, path, cfg.data.root)
         return checkpoint
 
 
@@ -172,9 +179,15 @@ class Checkpointer:
     """Writes one run's checkpoints (server file and client states) and restores a resumed run."""
 
     def __init__(
-        self, cfg: RunConfig, out: RunDir, grid: Grid, node_of_partition: dict[int, int], resumed: Checkpoint | None
+        self,
+        cfg: RunConfig,
+        out: RunDir,
+        grid: Grid,
+        node_of_partition: dict[int, int],
+        resumed: Checkpoint | None,
+        data_sha256: str,
     ) -> None:
-        self.cfg, self.out, self.grid = cfg, out, grid
+        self.cfg, self.out, self.grid, self.data_sha256 = cfg, out, grid, data_sha256
         self.every = cfg.output.checkpoint_every
         self.partition_of_node = {n: p for p, n in node_of_partition.items()}
         if resumed is None:  # a fresh run: a run key of its own, so no node ever loads another run's state
@@ -203,6 +216,7 @@ class Checkpointer:
             elapsed_s=elapsed_s,
             run_key=self.run_key,
             config=self.cfg.to_json(),
+            data_sha256=self.data_sha256,
             rng=rng_state(),
             failed=failed,
         ).save(self.out.path)

@@ -19,22 +19,23 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 
 from fedsim import wire
 from fedsim.arrays import to_array_record
 from fedsim.config import RunConfig
 from fedsim.console import console, partition_table, summary_table
+from fedsim.data.fingerprint import DATA_FINGERPRINT, fingerprint
 from fedsim.engines.layout import torch_threads
 from fedsim.errors import ConfigError, TrainingError
 from fedsim.experiment import Experiment, build_server
 from fedsim.rundir import MODEL_CHECKSUM, RunDir, default_run_dir
 from fedsim.server.checkpoint import Checkpoint, Checkpointer, set_rng_state
+from fedsim.server.contract import CheckedStrategy
 from fedsim.server.discovery import discover_partitions
 from fedsim.server.replies import divergence, good_replies, missing_replies
 from fedsim.server.reporter import ClientScore, RoundReporter
 from fedsim.server.sampling import ClientSampler, EvalCadence
-from fedsim.server.strategy import Checkpointable, ServerSetup, check_strategy
+from fedsim.server.strategy import ServerSetup, check_strategy
 
 
 class RoundLoop:
@@ -44,7 +45,7 @@ class RoundLoop:
         self,
         cfg: RunConfig,
         grid: Grid,
-        strategy: Strategy,
+        strategy: CheckedStrategy,
         node_of_partition: dict[int, int],
         reporter: RoundReporter,
         checkpoints: Checkpointer,
@@ -66,7 +67,7 @@ class RoundLoop:
             scores = self.evaluate(server_round, arrays) if self.cadence.is_eval_round(server_round) else None
             self.reporter.round_done(server_round, arrays, loss, scores)
             if self.checkpoints.due(server_round):
-                state = self.strategy.server_state() if isinstance(self.strategy, Checkpointable) else ArrayRecord()
+                state = self.strategy.server_state()
                 failures = self.reporter.pending_failures
                 self.checkpoints.save(server_round, arrays, state, self.reporter.elapsed_s(), failures)
         return arrays
@@ -74,7 +75,7 @@ class RoundLoop:
     def train(self, server_round: int, arrays: ArrayRecord) -> tuple[ArrayRecord, float | None]:
         """One round of training: the new global model and the aggregated training loss."""
         chosen = self.sampler.sample(server_round)
-        messages = self.strategy.configure_train(server_round, arrays, self._config(), self.grid)
+        messages = self.strategy.configure("configure_train", server_round, arrays, self._config(), self.grid)
         replies = self._exchange(messages, chosen, server_round, "training")
         if not replies:  # every client failed, and the policy let the round go on: nothing learned
             raise TrainingError(
@@ -85,12 +86,12 @@ class RoundLoop:
         if problems := divergence(replies, new, self.cfg.train.max_loss):
             raise TrainingError(f"training diverged in round {server_round}: " + "; ".join(problems))
         loss = float(metrics[wire.TRAIN_LOSS]) if metrics is not None and wire.TRAIN_LOSS in metrics else None
-        return (arrays if new is None else new), loss
+        return new, loss
 
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[int, ClientScore]:
         """Every client's evaluation of the global model."""
         everyone = sorted(self.node_of_partition)
-        messages = self.strategy.configure_evaluate(server_round, arrays, self._config(), self.grid)
+        messages = self.strategy.configure("configure_evaluate", server_round, arrays, self._config(), self.grid)
         replies = self._exchange(messages, everyone, server_round, "evaluation")
         self.strategy.aggregate_evaluate(server_round, replies)  # the strategy's own bookkeeping, if any
         return {
@@ -118,7 +119,7 @@ class RoundLoop:
         connected = set(self.grid.get_node_ids()) if unaddressed else set()
         if strangers := [p for p in unaddressed if self.node_of_partition[p] in connected]:
             raise ConfigError(
-                f"round {server_round}, {what}: the strategy ({type(self.strategy).__name__}) configured no "
+                f"round {server_round}, {what}: the strategy ({self.strategy.name}) configured no "
                 f"message for clients {strangers}; fedsim samples the clients, so a strategy must configure "
                 "every node it is offered"
             )
@@ -158,8 +159,9 @@ def run_server(grid: Grid, experiment: Experiment, resume: bool = False) -> dict
     # the numbers do not depend on what ran before in this process (a test session, a sweep)
     torch.set_num_threads(torch_threads(cfg.simulation))
     fed = experiment.federation()
+    data_sha256 = fingerprint(fed.dataset)
     out = RunDir(cfg.output.run_dir or default_run_dir(cfg), cfg.output.tensorboard)
-    resumed = Checkpoint.load(out.path, cfg) if resume else None
+    resumed = Checkpoint.load(out.path, cfg, data_sha256) if resume else None
     out.write_config(cfg)
     if resumed is not None:
         out.restore_metrics(resumed.metrics)
@@ -173,18 +175,18 @@ def run_server(grid: Grid, experiment: Experiment, resume: bool = False) -> dict
     node_of_partition = discover_partitions(grid, cfg.train.num_clients)
     model = experiment.initial_model()
     setup = ServerSetup(cfg.train.num_clients, frozenset(name for name, _ in model.named_parameters()))
-    strategy = build_server(experiment, setup)
-    check_strategy(strategy, cfg.train.num_clients)
+    server = build_server(experiment, setup)
+    check_strategy(server, cfg.train.num_clients)
     reporter = RoundReporter(experiment, list(node_of_partition), out)
-    checkpoints = Checkpointer(cfg, out, grid, node_of_partition, resumed)
+    checkpoints = Checkpointer(cfg, out, grid, node_of_partition, resumed, data_sha256)
     arrays, done = to_array_record(model.state_dict()), 0
+    strategy = CheckedStrategy(server, cfg.strategy.name, arrays)
     if resumed is None:
         reporter.start(arrays)
     else:
         reporter.resume(resumed.elapsed_s, resumed.metrics, resumed.failed, resumed.round, arrays)
         arrays, done = resumed.arrays, resumed.round
-        if isinstance(strategy, Checkpointable):
-            strategy.load_server_state(resumed.server_state)
+        strategy.load_server_state(resumed.server_state)
         checkpoints.restore_clients()
         set_rng_state(resumed.rng)
 
@@ -197,6 +199,7 @@ def run_server(grid: Grid, experiment: Experiment, resume: bool = False) -> dict
     finally:
         reporter.progress.stop()
     summary = reporter.summary(done)
+    summary[DATA_FINGERPRINT] = data_sha256
     if cfg.output.save_model:
         summary[MODEL_CHECKSUM] = out.save_model(arrays.to_torch_state_dict())
     checkpoints.finish()

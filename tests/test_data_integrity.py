@@ -1,0 +1,184 @@
+"""Data a run trusts: archives read to their end and checked (a damaged member or header is an error naming
+where, never a dataset that ends early), decode caches keyed by the source's bytes and written only after a
+whole, checked read, and the fingerprint of the data a run trained on, which ``--resume`` checks."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import shutil
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedsim import federation
+from fedsim.cli import main
+from fedsim.data import load_dataset
+from fedsim.data.fingerprint import DATA_FINGERPRINT, fingerprint
+from fedsim.errors import DataError
+from fedsim.integrity import digest
+from fedsim.rundir import CHECKPOINT
+from tests.conftest import MNIST_SMALL, small_config, write_config
+from tests.test_data import tree_files, write_tar
+
+# ----------------------------------------------------------------- archives
+
+
+def plain_tar(tmp_path: Path, files: dict[str, bytes] | None = None) -> bytes:
+    """tree_files() as tar bytes: members train/{dog,bird,cat}/0{0,1,2}.png, test/{dog,bird,cat}/0{0,1}.png,
+    README.txt, in that order."""
+    return write_tar(tmp_path / "plain.tar", files or tree_files(), "w").read_bytes()
+
+
+def refused(archive: Path, cache: Path) -> str:
+    """The error loading ``archive`` gives, after checking that it left nothing in the cache."""
+    with pytest.raises(DataError) as err:
+        load_dataset("imagefolder", archive, cache_dir=cache)
+    assert not cache.exists() or not list(cache.iterdir())  # neither a cache nor a temp file
+    return str(err.value)
+
+
+def test_a_damaged_tar_header_is_an_error_naming_where_never_an_early_end(tmp_path: Path) -> None:
+    """tarfile takes a header that fails its checksum for the end of the archive: the CIFAR-10 archive with
+    one such header loaded without its last two test classes, and cached them."""
+    raw = bytearray(plain_tar(tmp_path))
+    header = raw.index(b"test/cat/00.png")
+    raw[header + 110] ^= 0x01  # a digit of the uid: still a number, but the header's checksum no longer holds
+    archive = tmp_path / "tiny.tar.gz"
+    archive.write_bytes(gzip.compress(bytes(raw), mtime=0))
+    assert refused(archive, tmp_path / "cache") == (
+        f"dataset archive {archive}: after member 'test/bird/01.png', the next header (naming 'test/cat/00.png') "
+        "is damaged: bad checksum; get the archive again"
+    )
+
+
+def test_a_tar_cut_short_between_members_is_an_error(tmp_path: Path) -> None:
+    raw = plain_tar(tmp_path)
+    archive = tmp_path / "cut.tar"
+    archive.write_bytes(raw[: raw.index(b"test/cat/00.png")])  # no end-of-archive marker
+    assert refused(archive, tmp_path / "cache") == (
+        f"dataset archive {archive}: after member 'test/bird/01.png', it ends without tar's end-of-archive "
+        "marker: cut short; get the archive again"
+    )
+
+
+def test_a_gzip_whose_checksum_fails_is_an_error(tmp_path: Path) -> None:
+    """tarfile's stream reader never checks gzip's CRC-32: data that changed inside it loaded."""
+    compressed = bytearray(gzip.compress(plain_tar(tmp_path), mtime=0))
+    compressed[-8] ^= 0x01  # the CRC-32 of the uncompressed data
+    archive = tmp_path / "crc.tar.gz"
+    archive.write_bytes(compressed)
+    assert "CRC check failed" in refused(archive, tmp_path / "cache")
+
+
+def test_a_damaged_byte_anywhere_in_a_gzip_never_loads(tmp_path: Path) -> None:
+    """One flipped byte in the compressed stream: a zlib error, a header or image that fails its check, or
+    gzip's CRC at the end; before, some of these loaded as a smaller dataset or said "no test images"."""
+    compressed = gzip.compress(plain_tar(tmp_path), mtime=0)
+    for at in range(20, len(compressed) - 8, len(compressed) // 12):
+        damaged = bytearray(compressed)
+        damaged[at] ^= 0x10
+        archive = tmp_path / f"flip{at}.tar.gz"
+        archive.write_bytes(damaged)
+        message = refused(archive, tmp_path / "cache")
+        assert str(archive) in message and "no test images" not in message
+
+
+def test_a_damaged_zip_member_is_an_error_naming_it(tmp_path: Path) -> None:
+    archive = tmp_path / "tiny.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as z:
+        for name, data in tree_files().items():
+            z.writestr(name, data)
+    raw = bytearray(archive.read_bytes())
+    raw[raw.index(b"test/cat/00.png") + len("test/cat/00.png") + 40] ^= 0xFF  # inside the member's PNG bytes
+    archive.write_bytes(raw)
+    assert refused(archive, tmp_path / "cache").startswith(
+        f"dataset archive {archive}: member 'test/cat/00.png' is damaged (Bad CRC-32 for file 'test/cat/00.png')"
+    )
+
+
+def test_the_cache_is_keyed_by_the_sources_bytes(tmp_path: Path) -> None:
+    """Another archive of the same size and mtime (cats and dogs swapped) is decoded, not read from the cache."""
+    files = tree_files()
+    archive = write_tar(tmp_path / "tiny.tar", files, "w")
+    first = load_dataset("imagefolder", archive, cache_dir=tmp_path / "cache")
+    stat = archive.stat()
+    swapped = {name.replace("/cat/", "/tmp/").replace("/dog/", "/cat/").replace("/tmp/", "/dog/"): data
+               for name, data in files.items()}  # fmt: skip
+    write_tar(archive, swapped, "w")
+    os.utime(archive, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert archive.stat().st_size == stat.st_size
+    second = load_dataset("imagefolder", archive, cache_dir=tmp_path / "cache")
+    cat, dog = first.classes.index("cat"), first.classes.index("dog")
+    assert torch.equal(second.x_train[second.y_train == cat], first.x_train[first.y_train == dog])
+    assert len(list((tmp_path / "cache").glob("*.npz"))) == 2
+
+
+def test_a_damaged_archive_stops_a_run_before_it_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = bytearray(plain_tar(tmp_path))
+    raw[raw.index(b"test/cat/00.png") + 110] ^= 0x01
+    archive = tmp_path / "tiny.tar"
+    archive.write_bytes(raw)
+    data = {"dataset": "imagefolder", "root": str(archive), "cache_dir": str(tmp_path / "cache"), "augment": False}
+    raw_cfg = small_config(tmp_path, data=data, train={"rounds": 1, "batch_size": 2})
+    raw_cfg["output"]["run_dir"] = str(tmp_path / "r")
+    assert main(["run", str(write_config(tmp_path, raw_cfg))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"fedsim: error: dataset archive {archive}: after member")
+    assert not (tmp_path / "r").exists() and not (tmp_path / "cache").exists()
+
+
+# ----------------------------------------------------------------- the run's data fingerprint
+
+
+def relabelled(source: Path, target: Path) -> None:
+    """``source``'s npz with its training labels permuted: the same images, other data."""
+    with np.load(source) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    arrays["y_train"] = np.random.default_rng(0).permutation(arrays["y_train"])
+    np.savez(target, **arrays)
+
+
+def test_resume_refuses_other_data_than_the_run_trained_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = tmp_path / "mnist.npz"
+    shutil.copy(MNIST_SMALL, data)
+    raw = small_config(tmp_path, data={"root": str(data)}, train={"rounds": 1, "local_steps": 1})
+    raw["output"].update(run_dir=str(tmp_path / "r"), checkpoint_every=1)
+    assert main(["run", str(write_config(tmp_path, raw))]) == 0
+    run_dir = tmp_path / "r"
+    summary = (run_dir / "summary.json").read_text()
+    recorded = fingerprint(load_dataset("npz", data))
+    assert f'"{DATA_FINGERPRINT}": "{recorded}"' in summary
+    (run_dir / "summary.json").unlink()  # as if killed after its last checkpoint
+
+    relabelled(MNIST_SMALL, data)
+    now = fingerprint(load_dataset("npz", data))
+    monkeypatch.setattr(federation, "_CACHE", {})
+
+    def resume() -> int:
+        federation._CACHE.clear()  # as in the new process a resume is: the data read anew
+        return main(["run", "--resume", str(run_dir)])
+
+    assert resume() == 2
+    assert capsys.readouterr().err == (
+        f"fedsim: error: data.root {data} holds other data than the run trained on ({DATA_FINGERPRINT} "
+        f"{now[:16]}..., {run_dir / CHECKPOINT} recorded {recorded[:16]}...): refused; give the run the data it "
+        "began with\n"
+    )
+
+    shutil.copy(MNIST_SMALL, data)
+    saved = (run_dir / CHECKPOINT).read_bytes()
+    payload = torch.load(io.BytesIO(saved), weights_only=True)
+    del payload[DATA_FINGERPRINT], payload["sha256"]
+    torch.save({**payload, "sha256": digest(payload)}, run_dir / CHECKPOINT)  # as a fedsim before fingerprints
+    assert resume() == 2
+    assert f"{run_dir / CHECKPOINT}: records no fingerprint ({DATA_FINGERPRINT})" in capsys.readouterr().err
+
+    (run_dir / CHECKPOINT).write_bytes(saved)
+    assert resume() == 0  # the data it began with
