@@ -4,6 +4,7 @@ whole, checked read, and the fingerprint of the data a run trained on, which ``-
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import os
@@ -182,3 +183,27 @@ def test_resume_refuses_other_data_than_the_run_trained_on(
 
     (run_dir / CHECKPOINT).write_bytes(saved)
     assert resume() == 0  # the data it began with
+
+
+# ----------------------------------------------------------------- temporary files
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_line_and_leaves_no_temp_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fsync = os.fsync
+
+    def disk_full_for_checkpoints(fd: int) -> None:
+        if f".{CHECKPOINT}." in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", disk_full_for_checkpoints)
+    raw = small_config(tmp_path, train={"rounds": 1, "local_steps": 1})
+    raw["output"].update(run_dir=str(tmp_path / "r"), checkpoint_every=1)
+    assert main(["run", str(write_config(tmp_path, raw))]) == 2
+    assert capsys.readouterr().err == (
+        f"fedsim: error: cannot write {tmp_path / 'r' / CHECKPOINT}: No space left on device; the checkpoint "
+        "before it is kept\n"
+    )
+    assert not list((tmp_path / "r").glob(".*.tmp")) and not (tmp_path / "r" / CHECKPOINT).exists()

@@ -17,6 +17,7 @@ The clients' side (their state files) is :mod:`fedsim.client.state`.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -98,12 +99,20 @@ class Checkpoint:
             "failed": json.dumps(self.failed),
         }
         payload[CHECKSUM] = digest(payload)  # verified on load: a file changed on disk is never resumed
-        tmp = temp_name(run_dir / CHECKPOINT)
-        with open(tmp, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, run_dir / CHECKPOINT)
+        # serialised in memory first: torch's own writer turns a full disk into a RuntimeError of its own
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        path, tmp = run_dir / CHECKPOINT, temp_name(run_dir / CHECKPOINT)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(buffer.getbuffer())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as err:
+            raise FedsimError(f"cannot write {path}: {err.strerror or err}; the checkpoint before it is kept") from err
+        finally:
+            tmp.unlink(missing_ok=True)  # gone already once renamed; a half-written one never stays
 
     @classmethod
     def load(cls, run_dir: Path, cfg: RunConfig | None = None, data_sha256: str | None = None) -> Checkpoint:
