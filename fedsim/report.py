@@ -9,6 +9,7 @@ final effective rank of the penultimate features where the runs recorded diagnos
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from fedsim.errors import FedsimError
 from fedsim.plots import plot_accuracy, plot_final_vs
-from fedsim.rundir import SUMMARY, read_run, seed_groups, short_key, varying_keys
+from fedsim.rundir import SUMMARY, atomic_write, make_dir, read_run, seed_groups, short_key, unwritten, varying_keys
 
 
 def load_runs(root: Path) -> list[dict[str, Any]]:
@@ -77,15 +78,20 @@ def write_report(root: str | Path, target: float = 0.5, vs: str | None = None) -
     if vs is not None and not any(isinstance(r["config"].get(vs), int | float) for r in runs):
         raise FedsimError(f"--vs {vs}: no finished run has a numeric {vs}: name a config key the runs vary, "
                           "e.g. partition.beta")  # fmt: skip
+    make_dir(root, "fedsim report's DIR (where the report is written)")  # before any work: a read-only DIR
     header, rows = table(runs, target)
-    with open(root / "results.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
+    text = io.StringIO()
+    csv.writer(text).writerows([header, *rows])
+    atomic_write(root / "results.csv", text.getvalue().encode())
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(row) + " |" for row in rows]
-    (root / "results.md").write_text("\n".join(md) + "\n")
-    plot_accuracy(runs, root / "accuracy.png", over_seeds=True)
-    if vs is not None:
-        plot_final_vs(runs, vs, root / f"final_vs_{vs.split('.')[-1]}.png")
+    atomic_write(root / "results.md", ("\n".join(md) + "\n").encode())
+    figure = root / "accuracy.png"
+    try:
+        plot_accuracy(runs, figure, over_seeds=True)
+        if vs is not None:
+            figure = root / f"final_vs_{vs.split('.')[-1]}.png"
+            plot_final_vs(runs, vs, figure)
+    except OSError as err:
+        raise unwritten(figure, err) from err
     return root / "results.md"

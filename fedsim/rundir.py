@@ -8,18 +8,23 @@ written to a temp file and renamed.
 
 One live run owns a run directory (:func:`claimed`): an exclusive lock that the operating system
 releases when its process ends, however it ends, so a lock is never stale. A fresh run refuses a
-directory that holds a finished run or one it could resume, and clears the leftovers of a run that
-was killed with nothing to resume. :func:`read_run` and :func:`read_partition` read a run directory
-back (``fedsim report`` / ``fedsim plot``), finished or still running.
+directory that is not fedsim's (:mod:`fedsim.ownership`), one that holds a finished run or one it could
+resume, and clears the leftovers of a run that was killed with nothing to resume. A write that fails (a
+full disk) is one error naming the file; it leaves no temp file, and what was written before it stays.
+:func:`read_run` and :func:`read_partition` read a run directory back (``fedsim report`` / ``fedsim
+plot``), finished or still running, through :mod:`fedsim.reading`, the summary and the metrics checked
+against their schemas (:class:`Summary`, :class:`MetricsRecord`).
 """
 
 from __future__ import annotations
 
 import csv
 import fcntl
+import io
 import json
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,10 +34,13 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
+from pydantic import BaseModel, ConfigDict, Field
 
 from fedsim.config import RunConfig, read_yaml
 from fedsim.errors import FedsimError
 from fedsim.integrity import digest
+from fedsim.ownership import check_own, mark_own, unusable
+from fedsim.reading import SUMMARY_BYTES, read_json, read_json_lines, read_text
 
 PROGRESS = "progress.json"
 ERROR = "error.txt"
@@ -61,14 +69,35 @@ def temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def unwritten(path: Path, err: OSError) -> FedsimError:
+    """The error for a write of ``path`` that failed (a full disk, a read-only directory)."""
+    return FedsimError(f"cannot write {path}: {err.strerror or err}; what was written before it is kept")
+
+
+def atomic_write(path: Path, data: bytes | memoryview) -> None:
+    """``path`` replaced by ``data`` whole, or left as it was: a write that fails (a full disk) leaves no temp
+    file and is one error naming ``path``."""
     tmp = temp_name(path)
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise unwritten(path, err) from err
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
-def check_fresh(path: Path) -> None:
-    """Refuse to start a fresh run in a directory that holds a finished run or one that could resume."""
+def torch_write(path: Path, value: Any) -> None:
+    """``torch.save(value)`` into ``path`` by :func:`atomic_write`: serialised in memory first, since torch's
+    own writer turns a full disk into a RuntimeError at an arbitrary place in the file."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    atomic_write(path, buffer.getbuffer())
+
+
+def check_fresh(path: Path, field: str = "output.run_dir", kind: str = "run") -> None:
+    """Refuse to start afresh in a directory that is not fedsim's ``kind`` (:func:`fedsim.ownership.check_own`)
+    or that holds a finished run or one that could resume."""
     if (path / SUMMARY).is_file():
         raise FedsimError(
             f"output.run_dir {path} holds a finished run ({SUMMARY}); give this run another output.run_dir, "
@@ -79,30 +108,45 @@ def check_fresh(path: Path) -> None:
             f"output.run_dir {path} holds an unfinished run with a checkpoint: continue it with "
             f"`fedsim run --resume {path}`, or delete that directory to start over"
         )
+    check_own(path, kind, field)
 
 
 def make_dir(path: Path, field: str = "output.run_dir") -> None:
-    """``path`` as a directory, or an error naming the config field and why it cannot be one."""
+    """``path`` as a directory fedsim can make entries in, or an error naming the config field and the part of
+    ``path`` at fault (a file, a symlink loop, a directory where nothing can be made)."""
     try:
         path.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as err:
-        at = path if path.exists() else next(p for p in path.parents if p.exists())
-        raise FedsimError(f"{field}: {at} is a file, not a directory (for {path})") from err
     except OSError as err:
-        raise FedsimError(f"{field}: cannot create {path}: {err.strerror}") from err
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise FedsimError(f"{field}: {path} is not writable")
+        raise (unusable(path, field) or FedsimError(f"{field}: cannot create {path}: {err.strerror}")) from err
+    try:  # a directory made and removed: what access(2) cannot tell (/proc says writable; a read-only mount)
+        os.rmdir(tempfile.mkdtemp(prefix=".fedsim-probe-", dir=path))
+    except OSError as err:
+        raise FedsimError(f"{field}: cannot create anything in {path}: {err.strerror}") from err
+
+
+def resolved(path: Path, field: str) -> Path:
+    """``path`` made absolute, symlinks followed; a symlink loop is an error naming the link at fault."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as err:  # RuntimeError: Python 3.11's pathlib on a loop
+        raise (unusable(path, field) or FedsimError(f"{field}: {path}: {err}")) from err
 
 
 @contextmanager
 def claimed(path: Path, resume: bool = False, field: str = "output.run_dir", owner: str = "run") -> Iterator[None]:
     """Own ``path`` for one ``owner`` (a run, a sweep) while the block runs: a fresh run (``resume`` false)
     also clears the leftovers of a killed run there; a directory another live one owns is an error naming
-    its pid. ``field``: the config field or argument that named ``path``, for messages."""
-    path = path.resolve()
+    its pid. ``field``: the config field or argument that named ``path``, for messages. Only a directory that
+    is fedsim's ``owner`` is claimed (:mod:`fedsim.ownership`), and marked so; except a run resumed, whose
+    checkpoint (checksummed, :mod:`fedsim.integrity`) shows it is fedsim's, marked or not."""
+    path = resolved(path, field)
     if not resume:
-        check_fresh(path)
+        check_fresh(path, field, owner)
+    elif owner != "run":
+        check_own(path, owner, field)
     make_dir(path, field)
+    if not (resume and owner == "run"):
+        mark_own(path, owner)
     if os.environ.get(HELD_ENV) == str(path):  # the launcher that started this process owns it for us
         yield
         return
@@ -119,7 +163,7 @@ def claimed(path: Path, resume: bool = False, field: str = "output.run_dir", own
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
         if not resume:
-            check_fresh(path)  # again, now that nobody else can write here
+            check_fresh(path, field, owner)  # again, now that nobody else can write here
             for name in RUN_FILES:
                 (path / name).unlink(missing_ok=True)
             for name in RUN_DIRS:
@@ -157,10 +201,19 @@ class RunDir:
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         record = json_safe(record)
-        with open(self.path / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record, allow_nan=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        path = self.path / "metrics.jsonl"
+        line = memoryview((json.dumps(record, allow_nan=False) + "\n").encode())
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        end = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            while line:
+                line = line[os.write(fd, line) :]
+            os.fsync(fd)
+        except OSError as err:  # no half line: the lines before it stay readable
+            os.ftruncate(fd, end)
+            raise unwritten(path, err) from err
+        finally:
+            os.close(fd)
         if self._tb is not None:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key != "round":
@@ -173,9 +226,7 @@ class RunDir:
     def save_model(self, state_dict: dict[str, torch.Tensor]) -> str:
         """Write ``model.pt`` (a plain state dict, for ``torch.load``); returns its checksum, which the
         summary records (``model_sha256``) and ``fedsim local`` checks."""
-        tmp = temp_name(self.path / "model.pt")
-        torch.save(state_dict, tmp)
-        os.replace(tmp, self.path / "model.pt")
+        torch_write(self.path / "model.pt", state_dict)
         return digest(state_dict)
 
     def write_progress(self, server_round: int, loss: float | None, acc: float | None) -> None:
@@ -195,22 +246,52 @@ class RunDir:
             self._tb.close()
 
 
+class _Written(BaseModel):
+    # what fedsim writes, as strictly as it writes it: a number is never text, and JSON has no NaN
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+
+class MetricsRecord(_Written):
+    """A line of ``metrics.jsonl``: the fields that ``fedsim report`` and ``fedsim plot`` read (others kept)."""
+
+    client_mean_acc: float | None = Field(None, ge=0, le=1)
+    global_acc: float | None = Field(None, ge=0, le=1)
+    own_class_acc: float | None = Field(None, ge=0, le=1)
+    other_class_acc: float | None = Field(None, ge=0, le=1)
+    feature_erank: float | None = None
+    feature_norm_mean: float | None = None
+    feature_sv: list[float | None] | None = None
+
+
+class RoundRecord(MetricsRecord):
+    round: int = Field(ge=0)
+
+
+class StepRecord(MetricsRecord):
+    step: int = Field(ge=0)
+
+
+class Summary(_Written):
+    """``summary.json``: the fields that ``fedsim report`` and ``fedsim plot`` read (others kept)."""
+
+    rounds: int = Field(ge=1)
+    final_client_mean_acc: float | None = Field(ge=0, le=1)
+    best_client_mean_acc: float | None = Field(ge=0, le=1)
+    final_global_acc: float | None = Field(ge=0, le=1)
+
+
 def read_metrics(run_dir: str | Path, index: str = "round") -> list[dict[str, Any]]:
     """Every line of ``metrics.jsonl`` so far (none before the first evaluation); each names its ``index``
     (``round`` in a run, ``step`` in a ``fedsim local`` continuation)."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
-        try:
-            if line.strip():
-                records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise FedsimError(f"{path}, line {number}: not a metrics record fedsim writes ({err.msg})") from err
-    if not all(isinstance(r, dict) and index in r for r in records):
-        raise FedsimError(f"{path}: a line without a {index}: not the metrics fedsim writes")
-    return records
+    return read_json_lines(path, RoundRecord if index == "round" else StepRecord, "metrics")
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any]:
+    """``summary.json`` of a finished run, as written, once it is what fedsim writes (:class:`Summary`)."""
+    return read_json(Path(run_dir) / SUMMARY, Summary, "summary")
 
 
 def json_safe(value: Any) -> Any:
@@ -243,17 +324,10 @@ def read_run(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     config_path, summary_path = path / "config.yaml", path / SUMMARY
     config = read_yaml(config_path, "the run's config.yaml") if config_path.exists() else {}
-    summary = _json_file(summary_path) if summary_path.exists() else None
-    if not isinstance(config or {}, dict) or not isinstance(summary or {}, dict):
-        raise FedsimError(f"{path}: config.yaml or {SUMMARY} is not a mapping, as fedsim writes them")
+    if not isinstance(config or {}, dict):
+        raise FedsimError(f"{config_path}: not a mapping of sections, as fedsim writes it")
+    summary = read_summary(path) if summary_path.exists() else None
     return {"dir": path, "config": flatten(config or {}), "summary": summary, "metrics": read_metrics(path)}
-
-
-def _json_file(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise FedsimError(f"{path}: not readable as the JSON fedsim writes ({err})") from err
 
 
 # Config keys that do not change what a run learns: reports, sweeps and resume ignore them
@@ -296,13 +370,13 @@ def seed_groups(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 def read_partition(path: str | Path) -> tuple[list[str], dict[str, np.ndarray]]:
     """``partition.csv`` read back: the class names and, per split, the clients x classes counts."""
     file = Path(path) / "partition.csv"
+    text = read_text(file, "the partition table", SUMMARY_BYTES, FedsimError)
     try:
-        with open(file, newline="", encoding="utf-8") as f:
-            rows = list(csv.reader(f))
+        rows = list(csv.reader(io.StringIO(text, newline="")))
         classes = rows[0][2:-1]
         counts: dict[str, list[list[int]]] = {}
         for split, _client, *cells in rows[1:]:
             counts.setdefault(split, []).append([int(v) for v in cells[:-1]])
         return classes, {split: np.array(c, dtype=np.int64) for split, c in counts.items()}
-    except (OSError, UnicodeDecodeError, csv.Error, IndexError, ValueError) as err:
+    except (csv.Error, IndexError, ValueError) as err:
         raise FedsimError(f"{file}: not the partition table fedsim writes ({type(err).__name__}: {err})") from err

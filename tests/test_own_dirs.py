@@ -1,0 +1,118 @@
+"""fedsim writes only what is its own (fedsim.ownership): a directory it did not make and that is not empty
+is never written into; a path it cannot use is one line naming the part at fault; a write that fails
+leaves no temp file and keeps what was written before it."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from fedsim.cli import main
+from fedsim.errors import FedsimError
+from fedsim.rundir import RunDir
+from tests.conftest import small_config, write_config
+
+USERS = {"config.yaml": "my own config\n", "metrics.jsonl": "my own metrics\n", "model.pt": "my own model\n"}
+
+
+def run_with(tmp_path: Path, capsys: pytest.CaptureFixture[str], **output: str) -> tuple[int, str]:
+    cfg = small_config(tmp_path, train={"rounds": 1, "local_steps": 1}, eval={"every": 1})
+    cfg["output"].update(output)
+    code = main(["run", str(write_config(tmp_path, cfg))])
+    return code, capsys.readouterr().err
+
+
+def test_a_directory_fedsim_did_not_make_is_never_written_into(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    for name, text in USERS.items():
+        (theirs / name).write_text(text)
+    code, err = run_with(tmp_path, capsys, run_dir=str(theirs))
+    assert code == 2 and err == (
+        f"fedsim: error: output.run_dir {theirs} is not fedsim's: fedsim writes only into a new or empty directory "
+        "or one of its own run directories (marked .fedsim); give another output.run_dir, or empty that directory\n"
+    )
+    assert {p.name: p.read_text() for p in theirs.iterdir()} == USERS  # nothing added, nothing changed
+
+
+def test_an_empty_directory_becomes_fedsims_and_its_runs_are_its_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, err = run_with(tmp_path, capsys, run_dir=str(empty))
+    assert code == 0, err
+    assert (empty / ".fedsim").read_text() == "run\n" and (empty / "summary.json").is_file()
+    (empty / "summary.json").unlink()  # a killed run's leftovers, in fedsim's own directory: cleared, not refused
+    assert run_with(tmp_path, capsys, run_dir=str(empty))[0] == 0
+    # a directory fedsim made as something else is not a run's
+    (empty / ".fedsim").write_text("compose project\n")
+    (empty / "summary.json").unlink()
+    code, err = run_with(tmp_path, capsys, run_dir=str(empty))
+    assert code == 2 and f"output.run_dir {empty} is a fedsim compose project, not a run:" in err
+
+
+def test_paths_fedsim_cannot_use_are_one_line_naming_the_part_at_fault(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    assert run_with(tmp_path, capsys, run_dir=str(loop)) == (
+        2, f"fedsim: error: output.run_dir: {loop}: Too many levels of symbolic links\n"
+    )  # fmt: skip
+    assert run_with(tmp_path, capsys, dir=str(loop / "sub")) == (
+        2, f"fedsim: error: output.dir: {loop}: Too many levels of symbolic links\n"
+    )  # fmt: skip
+    assert run_with(tmp_path, capsys, dir="/proc") == (
+        2, "fedsim: error: output.dir: cannot create anything in /proc: No such file or directory\n"
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("full_at", ["model.pt", "summary.json"])  # torch's file; fedsim's own JSON
+def test_a_full_disk_is_one_line_leaving_no_temp_file_and_keeping_what_was_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, full_at: str
+) -> None:
+    real_write_bytes = Path.write_bytes
+
+    def disk_fills(self: Path, data: bytes) -> int:
+        if self.name.startswith(f".{full_at}."):  # its temp file: half of it on disk, then the disk is full
+            real_write_bytes(self, bytes(data)[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write_bytes(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", disk_fills)
+    run_dir = tmp_path / "r"
+    code, err = run_with(tmp_path, capsys, run_dir=str(run_dir))
+    assert code == 2 and err == (
+        f"fedsim: error: cannot write {run_dir / full_at}: No space left on device; what was written before it "
+        "is kept\n"
+    )
+    assert not list(run_dir.glob(".*.tmp")) and not (run_dir / full_at).exists()
+    assert [json.loads(line)["round"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1]
+    kept = {"config.yaml", "partition.csv", "metrics.jsonl"} | ({"model.pt"} if full_at == "summary.json" else set())
+    assert all((run_dir / name).is_file() for name in kept)
+
+
+def test_a_metrics_line_that_does_not_fit_leaves_the_lines_before_it_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = RunDir(tmp_path)
+    out.append_metrics({"round": 1, "client_mean_acc": 0.5})
+    real_write = os.write
+
+    def full_after_ten_bytes(fd: int, data: bytes) -> int:
+        if len(data) > 10:
+            return real_write(fd, bytes(data)[:10])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", full_after_ten_bytes)
+    with pytest.raises(FedsimError, match="metrics.jsonl: No space left on device; what was written before it"):
+        out.append_metrics({"round": 2, "client_mean_acc": 0.6})
+    monkeypatch.undo()
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"round": 1, "client_mean_acc": 0.5}\n'

@@ -1,0 +1,193 @@
+"""The reading boundary (fedsim.reading): every file fedsim reads is a regular file of bounded size and
+nesting, and what is not is one line naming the file and the field, never a traceback, a hang or a
+MemoryError. In process, through the CLI's own entry point; nothing here trains."""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import io
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedsim.cli import main
+from tests.conftest import small_config, write_config
+
+
+def one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """``fedsim ARGV``'s one error line (status 2, no traceback)."""
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("fedsim: error: "), (code, err[-2000:])
+    return lines[0].removeprefix("fedsim: error: ")
+
+
+def make_fifo(fifo: Path, seconds: float = 3.0) -> Path:
+    """A FIFO at ``fifo``. A reader that waits on it for a writer (fedsim before its reading boundary) gets an
+    empty file instead, so that the test fails rather than hangs the suite; one that never opens it costs nothing."""
+    os.mkfifo(fifo)
+
+    def write_nothing() -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # ENXIO until a reader has it open
+                return
+            except OSError:
+                time.sleep(0.02)
+
+    threading.Thread(target=write_nothing, daemon=True).start()
+    return fifo
+
+
+DEEP = "[" * 400 + "]" * 400  # 800 bytes: PyYAML's composer recursed once per bracket (RecursionError)
+
+
+def test_deep_nesting_in_a_set_value_or_a_config_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = write_config(tmp_path, small_config(tmp_path))
+    line = one_line(["run", str(cfg), "--set", f"train.lr={DEEP}"], capsys)
+    assert line == "--set train.lr: nested deeper than 32 levels at line 1: a config is a few levels deep"
+    deep = tmp_path / "deep.yaml"
+    deep.write_text(cfg.read_text() + f"extra: {DEEP}\n")
+    assert one_line(["run", str(deep)], capsys).startswith(f"{deep}: nested deeper than 32 levels at line ")
+    keys = "model." + "x." * 40 + "y=1"  # a dotted key nests as deep as it has dots
+    assert one_line(["run", str(cfg), "--set", keys], capsys).endswith(
+        "more than 32 levels of keys; a config is a few deep"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("? [a, b]\n: 1\n", "the key at line 1 is not a plain name or number"),  # was a TypeError (unhashable)
+        ("{? {a: 1}: 2}\n", "the key at line 1 is not a plain name or number"),
+        ("train: &t {x: *t}\n", "the alias at line 1 is inside the value it names: a value cannot contain itself"),
+        ("seed: " + "1" * 5000 + "\n", "a value YAML cannot read (Exceeds the limit (4300 digits)"),  # ValueError
+        ("seed: !!int 0x\n", "a value YAML cannot read (invalid literal for int() with base 16: ''"),
+    ],
+)  # fmt: skip
+def test_yaml_that_python_cannot_hold_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, problem: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    assert one_line(["run", str(path)], capsys).startswith(f"{path}: {problem}")
+
+
+def test_a_config_that_is_not_a_regular_file_of_sane_size_is_refused_unread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fifo = make_fifo(tmp_path / "fifo.yaml")
+    assert one_line(["run", str(fifo)], capsys) == f"config file {fifo}: a FIFO (named pipe), not a regular file"
+    assert one_line(["run", "/dev/zero"], capsys) == "config file /dev/zero: a character device, not a regular file"
+    huge = tmp_path / "huge.yaml"
+    with open(huge, "wb") as f:  # 50 MB on disk, none of it written: refused by its size, before a byte is read
+        f.truncate(50_000_000)
+    assert one_line(["run", str(huge)], capsys) == (
+        f"config file {huge}: 50,000,000 bytes; fedsim reads at most 4,194,304 for it"
+    )
+    status = "/proc/self/status"  # says 0 bytes, then has some
+    assert one_line(["run", status], capsys) == (
+        f"config file {status}: a /proc or /sys file (its size is unknown in advance), not a regular file"
+    )
+
+
+def test_a_data_root_that_would_hang_or_never_end_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fifo = make_fifo(tmp_path / "data.npz")
+    for root, kind in ((fifo, "a FIFO (named pipe)"), (Path("/dev/zero"), "a character device")):
+        cfg = write_config(tmp_path, small_config(tmp_path, data={"root": str(root)}))
+        line = one_line(["run", str(cfg)], capsys)
+        assert line == f"data.root {root}: {kind}, not a file or a directory fedsim can read"
+    assert not (tmp_path / "runs").exists()
+
+
+# --- summaries and metrics read back: validated against their schemas
+
+
+def finished_run(root: Path) -> Path:
+    """A run directory as a finished run leaves it, as far as fedsim report reads it (no training)."""
+    run_dir = root / "r"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"name": "r", "seed": 0, "train": {"rounds": 2}}))
+    summary = {"rounds": 2, "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.6, "final_global_acc": 0.55}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    (run_dir / "metrics.jsonl").write_text(
+        '{"round": 1, "client_mean_acc": 0.6}\n{"round": 2, "client_mean_acc": 0.5}\n'
+    )
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("[]", "the top level: Input should be a valid dictionary or instance of Summary (got [])"),
+        ("null", "the top level: Input should be a valid dictionary or instance of Summary (got None)"),
+        ("{}", "rounds: Field required; 3 more"),
+        (
+            '{"rounds": "one", "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.6, "final_global_acc": 0.5}',
+            "rounds: Input should be a valid integer (got 'one')",
+        ),
+        (
+            '{"rounds": 2, "final_client_mean_acc": 7, "best_client_mean_acc": 0.6, "final_global_acc": 0.5}',
+            "final_client_mean_acc: Input should be less than or equal to 1 (got 7)",
+        ),
+        ("[" * 300 + "]" * 300, "recursion limit exceeded at line 1 column 202"),
+        ('{"rounds": 2', "EOF while parsing an object at line 1 column 12"),
+    ],
+)  # fmt: skip
+def test_report_on_a_summary_fedsim_did_not_write_names_the_file_and_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, problem: str
+) -> None:
+    run_dir = finished_run(tmp_path)
+    (run_dir / "summary.json").write_text(content)
+    assert one_line(["report", str(tmp_path)], capsys) == (
+        f"summary {run_dir / 'summary.json'}: not readable as the JSON fedsim writes ({problem})"
+    )
+    assert not (tmp_path / "results.md").exists()
+
+
+def test_report_on_metrics_fedsim_did_not_write_names_the_line_and_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = finished_run(tmp_path)
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('{"round": 3, "client_mean_acc": "high"}\n')
+    assert one_line(["report", str(tmp_path)], capsys) == (
+        f"metrics {run_dir / 'metrics.jsonl'}, line 3: not readable as the JSON fedsim writes "
+        "(client_mean_acc: Input should be a valid number (got 'high'))"
+    )
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')  # a run's lines name their round
+    assert "line 1: not readable as the JSON fedsim writes (round: Field required)" in one_line(
+        ["report", str(tmp_path)], capsys
+    )
+
+
+def test_report_into_a_directory_it_cannot_write_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only directory (as root, chmod does not stop a write: the refusal is simulated at open)."""
+    finished_run(tmp_path)
+    real_open = io.open
+
+    def read_only(file: object, mode: str = "r", *args: object, **kwargs: object) -> object:
+        if any(c in mode for c in "wax+") and Path(str(file)).parent == tmp_path:
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", read_only)
+    monkeypatch.setattr(builtins, "open", read_only)
+    assert one_line(["report", str(tmp_path)], capsys) == (
+        f"cannot write {tmp_path / 'results.csv'}: Permission denied; what was written before it is kept"
+    )
+    assert not [p.name for p in tmp_path.iterdir() if p.name != "r"]  # no results, no temp file
