@@ -318,3 +318,41 @@ def test_compose_rejects_zero_nodes_and_missing_certificates(
     certs = "deploy.certificates={ca: nope.pem, cert: nope.pem, key: nope.key}"
     assert main(["compose", str(QUICKSTART), "--out", str(tmp_path / "q"), "--set", "deploy.tls=true", certs]) == 2
     assert "deploy.certificates.ca: no file at" in capsys.readouterr().err
+
+
+def test_compose_writes_only_into_a_project_of_its_own(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    theirs = tmp_path / "theirs"
+    (theirs / "state" / "supernode-7").mkdir(parents=True)
+    (theirs / "compose.yaml").write_text("services: {mine: {image: busybox}}\n")
+    (theirs / ".env").write_text("SECRET=mine\n")
+    assert main(["compose", str(QUICKSTART), "--out", str(theirs)]) == 2
+    assert capsys.readouterr().err == (
+        f"fedsim: error: --out {theirs} is not fedsim's: fedsim writes only into a new or empty directory or one "
+        "of its own compose project directories (marked .fedsim); give another --out, or empty that directory\n"
+    )
+    assert (theirs / "compose.yaml").read_text() == "services: {mine: {image: busybox}}\n"
+    assert (theirs / ".env").read_text() == "SECRET=mine\n" and sorted(p.name for p in theirs.iterdir()) == [
+        ".env", "compose.yaml", "state",
+    ]  # fmt: skip
+    # its own project, written again for fewer nodes: the SuperNodes it no longer has leave no state behind
+    ours = tmp_path / "ours"
+    compose(QUICKSTART, ours, "--nodes", "4")
+    assert (ours / ".fedsim").read_text() == "compose project\n"
+    compose(QUICKSTART, ours, "--nodes", "2")
+    assert sorted(p.name for p in (ours / "state").iterdir()) == ["superlink", "supernode-0", "supernode-1"]
+
+
+@pytest.mark.parametrize("nodes", [1001, 10_000, 60_000])
+def test_compose_bounds_its_supernodes_and_their_ports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], nodes: int
+) -> None:
+    from fedsim.deploy.compose import MAX_NODES
+
+    assert main(["compose", str(QUICKSTART), "--nodes", str(nodes), "--out", str(tmp_path / "p")]) == 2
+    assert capsys.readouterr().err == (
+        f"fedsim: error: --nodes {nodes}: fedsim compose writes one SuperNode container per client, at most 1,000 "
+        "(one Docker network); run more clients with fedsim run\n"
+    )
+    assert not (tmp_path / "p").exists()
+    topo = compose_topology(load_config(QUICKSTART, [f"train.num_clients={MAX_NODES}"]), "superlink")
+    assert len(set(topo.node_ports)) == MAX_NODES and max(topo.node_ports) <= 65535

@@ -9,6 +9,10 @@ bind mounts (``runs/``, ``state/``) is that user's. The data (mounted from ``$FE
 the host directory holding ``data.root``; shipped ``fedsim:`` data is in the image) and the run
 directory appear at the same paths in every container, so the config the ServerApp receives is
 valid on every node. The file is one that Compose v2 and docker-compose 1.29 both accept.
+
+``--out`` is a new or empty directory, or a project ``fedsim compose`` wrote (:mod:`fedsim.ownership`):
+written again, for the config as it is now (a SuperNode no longer in it loses its ``state/`` directory).
+Nothing is written before the config, the node count and the directory are known to be good.
 """
 
 from __future__ import annotations
@@ -28,12 +32,20 @@ from fedsim.config import RunConfig, parse_config
 from fedsim.deploy.keys import make_node_keys, make_tls, write_secret
 from fedsim.deploy.topology import RUNTIME_ENV, SUPERNODE_RUNTIME_PORT, TlsFiles, Topology, write_app
 from fedsim.errors import ConfigError
+from fedsim.experiment import resolve
+from fedsim.ownership import check_own, mark_own
 from fedsim.paths import PACKAGE_PREFIX
+from fedsim.reading import MIB, read_bytes
 from fedsim.runner import OFFLINE_ENV
 
 DEFAULT_PORT = 9093
 DATA, RUNS, PROJECT, TLS, KEYS, STATE = "/data", "/runs", "/fedsim", "/certs", "/keys", "/state"  # in containers
 IMAGE = "fedsim:latest"
+PROJECT_KIND = "compose project"  # what fedsim's mark says a project directory is
+# One container per SuperNode, all on the project's network: a Linux bridge joins at most 1,024 (BR_MAX_PORTS,
+# Docker's 1,023 containers per bridge network); every SuperNode's Runtime API port (9094 + its partition
+# id) stays below 65,536 with room to spare. More clients than this: fedsim run.
+MAX_NODES = 1000
 
 
 def compose_topology(cfg: RunConfig, superlink_host: str) -> Topology:
@@ -153,23 +165,37 @@ def write_compose(
             cfg = parse_config(raw)
         except ConfigError as err:
             raise ConfigError(f"--nodes {nodes}: {err}") from err
+    n = cfg.train.num_clients
+    if n > MAX_NODES:
+        raise ConfigError(
+            f"{'--nodes' if nodes is not None else 'train.num_clients ='} {n}: fedsim compose writes one SuperNode "
+            f"container per client, at most {MAX_NODES:,} (one Docker network); run more clients with fedsim run"
+        )
+    resolve(cfg)  # the plugins and their options, as fedsim run checks them before anything is written
     topo = compose_topology(cfg, superlink_host)
+    check_own(out, PROJECT_KIND, "--out")
     out.mkdir(parents=True, exist_ok=True)
+    mark_own(out, PROJECT_KIND)
     write_app(out, container_config(cfg), topo)
     given = cfg.deploy.certificates
     if given is not None:  # the user's own PEM files, under the names the services expect
         (out / "tls").mkdir(exist_ok=True)
         shutil.copyfile(given.ca, out / "tls" / "ca.pem")
         shutil.copyfile(given.cert, out / "tls" / "superlink.pem")
-        write_secret(out / "tls" / "superlink.key", Path(given.key).read_bytes())  # owner-only, as the original
+        key = read_bytes(given.key, "deploy.certificates.key", MIB)
+        write_secret(out / "tls" / "superlink.key", key)  # owner-only, as the original
     elif cfg.deploy.tls:  # made afresh: the names and the node count may have changed
         make_tls(out / "tls", [superlink_host, "superlink", "localhost", cfg.deploy.address, *(tls_hosts or [])])
     if cfg.deploy.supernode_auth:
         shutil.rmtree(out / "node-keys", ignore_errors=True)
         make_node_keys(out / "node-keys", cfg.train.num_clients)
     # made here, by the host user: a directory the engine had to make for a bind mount would be root's
-    for mount in ("runs", "state/superlink", *(f"state/supernode-{pid}" for pid in range(cfg.train.num_clients))):
+    nodes_state = {f"supernode-{pid}" for pid in range(n)}
+    for mount in ("runs", "state/superlink", *(f"state/{name}" for name in sorted(nodes_state))):
         (out / mount).mkdir(parents=True, exist_ok=True)
+    for stale in (out / "state").glob("supernode-*"):  # of a SuperNode this project no longer has
+        if stale.is_dir() and stale.name not in nodes_state:
+            shutil.rmtree(stale)
     (out / ".env").write_text(env_file(cfg))
     path = out / "compose.yaml"
     header = (
