@@ -24,6 +24,7 @@ from fedsim.federation import Federation, load_federation
 from fedsim.models import MODELS, FedsimModel
 from fedsim.norms import NORMS, Normaliser
 from fedsim.partitions import PARTITIONERS, Partitioner
+from fedsim.partitions.base import check_participation
 from fedsim.registry import Resolved
 from fedsim.server.strategy import ServerSetup
 from fedsim.strategies import STRATEGIES, StrategySpec
@@ -42,9 +43,11 @@ class Experiment:
 
     def federation(self) -> Federation:
         """The dataset and its split (decoded and split once per process), refused if a run cannot learn from
-        it and score it (:func:`fedsim.data.base.check_classes`)."""
+        it and score it or a round may train nothing (:func:`fedsim.data.base.check_classes`,
+        :func:`fedsim.partitions.base.check_participation`)."""
         fed = load_federation(self.config, self.loader, self.partitioner)
         check_classes(fed.dataset)
+        check_participation(fed.partition, self.config.train.clients_per_round or self.config.train.num_clients)
         return fed
 
     def build_model(self) -> FedsimModel:

@@ -66,6 +66,20 @@ class Partitioner(ABC):
 PARTITIONERS: Registry[Partitioner] = Registry("partitions", Partitioner)
 
 
+def check_participation(partition: Partition, per_round: int) -> None:
+    """Refuse a split where a round may train nothing: ``per_round`` sampled clients that can all be clients
+    without training images (Dirichlet leaves some at small beta; their average would divide by zero samples).
+    With every client in every round one non-empty client suffices: paper splits with empty clients still run."""
+    empty = [i for i, idx in enumerate(partition.train) if not len(idx)]
+    if len(empty) >= per_round:
+        shown = ", ".join(map(str, empty[:3])) + (", ..." if len(empty) > 3 else "")
+        raise DataError(
+            f"partition: {len(empty):,} of {len(partition.train):,} clients get no training images (client {shown}) "
+            f"and a round samples {per_round:,} (train.clients_per_round): a round may train nothing; give fewer "
+            "clients, more per round, or a split that fills every client (dirichlet: min_size: 1)"
+        )
+
+
 def class_counts(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
     """The (num_clients, num_classes) int64 matrix of how many samples of each class a client holds."""
     counts = np.zeros((len(parts), num_classes), dtype=np.int64)
@@ -82,18 +96,13 @@ def check_split_inputs(
         raise DataError(f"{name}: num_classes must be >= 1, got {num_classes}")
     n_train = len(train_labels)
     if not 1 <= num_clients <= n_train:
-        raise DataError(
-            f"{name}: num_clients must be in 1..{n_train} (the number of train samples), got {num_clients}"
-        )
+        raise DataError(f"{name}: num_clients must be in 1..{n_train} (the number of train samples), got {num_clients}")
     for split, labels in (("train", train_labels), ("test", test_labels)):
         if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-            raise DataError(
-                f"{name}: {split} labels must be a 1-D integer array, got {labels.dtype} {labels.shape}"
-            )
+            raise DataError(f"{name}: {split} labels must be a 1-D integer array, got {labels.dtype} {labels.shape}")
         if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
             raise DataError(
-                f"{name}: {split} labels must lie in 0..{num_classes - 1}, "
-                f"found {labels.min()}..{labels.max()}"
+                f"{name}: {split} labels must lie in 0..{num_classes - 1}, found {labels.min()}..{labels.max()}"
             )
 
 

@@ -89,6 +89,15 @@ CASES: dict[str, corpus.Case] = {
     ),
     # --- zero work
     "local-steps-zero": run("train.local_steps=0", expect=("train.local_steps", "greater than or equal to 1")),
+    "round-may-train-nothing": run(
+        "train.num_clients=3000",
+        "train.clients_per_round=2",
+        expect=(
+            "partition: ",
+            " of 3,000 clients get no training images (client ",
+            "a round samples 2 (train.clients_per_round): a round may train nothing",
+        ),
+    ),
     # --- resources bounded by the machine
     "threads-a-million": run(
         "simulation.threads=1000000",
@@ -96,7 +105,7 @@ CASES: dict[str, corpus.Case] = {
             f"simulation.threads = 1000000: give auto or a whole number of threads in 1..{4 * (os.cpu_count() or 1)}",
             f"(4 x this machine's {os.cpu_count()} CPUs)",
         ),
-    ),  # fmt: skip
+    ),
     # --- a Flower strategy a config cannot build (it wraps another): refused by name, not a SchemaError traceback
     "flower-dp-wrapper": run(
         f"strategy={FLOWER}:DifferentialPrivacyServerSideFixedClipping",
@@ -115,7 +124,7 @@ CASES: dict[str, corpus.Case] = {
             "its 20 training images cover 11",
         ),
         setup="label_far_beyond",
-    ),  # fmt: skip
+    ),
     "test-label-not-trained": run(
         NPZ, expect=("1 of 10 classes without training images ('9')", "cover 9"), setup="test_label_untrained"
     ),
