@@ -9,6 +9,7 @@ import gzip
 import io
 import os
 import shutil
+import struct
 import zipfile
 from pathlib import Path
 
@@ -99,6 +100,26 @@ def test_a_damaged_zip_member_is_an_error_naming_it(tmp_path: Path) -> None:
     archive.write_bytes(raw)
     assert refused(archive, tmp_path / "cache").startswith(
         f"dataset archive {archive}: member 'test/cat/00.png' is damaged (Bad CRC-32 for file 'test/cat/00.png')"
+    )
+
+
+def test_a_zip_whose_directory_lost_a_member_is_an_error(tmp_path: Path) -> None:
+    """The end record's directory offset moved past its first entry (and its size cut by as much), so that
+    zipfile reads one member fewer without a word; the record's member count still says how many there are."""
+    archive = tmp_path / "tiny.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for name, data in tree_files().items():
+            z.writestr(name, data)
+    raw = bytearray(archive.read_bytes())
+    end = raw.rindex(b"PK\x05\x06")
+    _, _, _, _, total, size, offset, _ = struct.unpack_from("<4s4H2LH", raw, end)
+    entry = raw.index(b"PK\x01\x02", offset + 1) - offset  # the first directory entry's length
+    struct.pack_into("<2L", raw, end + 12, size - entry, offset + entry)
+    archive.write_bytes(raw)
+    assert len(zipfile.ZipFile(archive).infolist()) == total - 1
+    assert refused(archive, tmp_path / "cache") == (
+        f"dataset archive {archive}: its directory lists {total - 1} members but its end record promises {total}: "
+        "the archive is corrupt, get it again"
     )
 
 

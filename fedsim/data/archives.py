@@ -79,6 +79,15 @@ def _directory_members(root: Path) -> Iterator[Member]:
 def _zip_members(root: Path) -> Iterator[Member]:
     try:
         with zipfile.ZipFile(root) as archive:
+            # zipfile reads its central directory by the byte size the end record gives, never checking the
+            # member count the record also gives: a directory that lost entries would read as a smaller archive
+            with open(root, "rb") as f:
+                promised = zipfile._EndRecData(f)[zipfile._ECD_ENTRIES_TOTAL]  # zipfile's own reader of that record
+            if len(archive.infolist()) != promised:
+                raise DataError(
+                    f"dataset archive {root}: its directory lists {len(archive.infolist())} members but its end "
+                    f"record promises {promised}: the archive is corrupt, get it again"
+                )
             for zinfo in archive.infolist():
                 if not zinfo.is_dir():
                     name = _inside(root, zinfo.filename)
