@@ -72,6 +72,9 @@ def test_paths_fedsim_cannot_use_are_one_line_naming_the_part_at_fault(
     assert run_with(tmp_path, capsys, dir="/proc") == (
         2, "fedsim: error: output.dir: cannot create anything in /proc: No such file or directory\n"
     )  # fmt: skip
+    assert run_with(tmp_path, capsys, run_dir="r\0") == (
+        2, "fedsim: error: output.run_dir = 'r\\x00': a path cannot hold a NUL character\n"
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("full_at", ["model.pt", "summary.json"])  # torch's file; fedsim's own JSON
