@@ -1,0 +1,44 @@
+"""MkDocs hooks (``mkdocs.yml``): the site's front page is the repository's README, and the configuration
+reference is generated from ``fedsim/config.py`` at every build, so neither can drift from its source."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from mkdocs.structure.files import File, Files
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gen_config_reference import MARKER, config_reference  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def front_page(readme: str) -> str:
+    """The README as the site's ``index.md``: its ``docs/`` links become the site's own pages, and a link to a
+    file outside ``docs/`` (which the site does not hold) becomes its path in code."""
+
+    def relink(match: re.Match[str]) -> str:
+        text, target = match.group(1), match.group(2)
+        if target.startswith(("http://", "https://", "#")):
+            return match.group(0)
+        if target.startswith("docs/"):
+            return f"[{text}]({target.removeprefix('docs/')})"
+        return text if text.strip("`") == target else f"{text} (`{target}`)"
+
+    return re.sub(r"(?<!!)\[([^\]]+)\]\(([^)\s]+)\)", relink, readme)
+
+
+def on_files(files: Files, config: Any) -> Files:
+    files.append(File.generated(config, "index.md", content=front_page((REPO / "README.md").read_text())))
+    return files
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
+    if page.file.src_uri == "configuration.md":
+        if MARKER not in markdown:
+            raise ValueError(f"docs/configuration.md lost its marker {MARKER}")
+        return markdown.replace(MARKER, config_reference())
+    return markdown

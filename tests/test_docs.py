@@ -1,0 +1,69 @@
+"""The documentation: the README is a front page whose commands and links hold, every page is in the site's
+navigation, and the configuration reference is generated from fedsim/config.py with a line for every key.
+(``mkdocs build --strict`` in ``.ci/run`` checks the links and anchors inside the site.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from types import ModuleType
+from typing import Any
+
+import yaml
+
+from fedsim.config import RunConfig
+from tests.conftest import REPO
+
+DOCS = REPO / "docs"
+
+
+def _generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_config_reference", DOCS / "gen_config_reference.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _nav_pages(nav: Any) -> list[str]:
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, list):
+        return [page for item in nav for page in _nav_pages(item)]
+    return [page for value in nav.values() for page in _nav_pages(value)]
+
+
+def test_readme_is_a_front_page_with_the_two_commands_and_working_links() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    assert "python3 -m pip install -e . && fedsim run configs/quickstart.yaml\n" in readme
+    assert 'python3 -m pip install -e ".[test]" && python3 -m pytest -q\n' in readme
+    targets = {t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", readme) if not t.startswith("http")}
+    assert {"docs/getting-started.md", "docs/configuration.md", "docs/python-api.md"} <= targets
+    assert not [t for t in targets if not (REPO / t).exists()]
+
+
+def test_every_page_is_in_the_navigation() -> None:
+    nav = _nav_pages(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"])
+    pages = {p.name for p in DOCS.glob("*.md")}
+    assert sorted(nav) == sorted(pages | {"index.md"})  # index.md: the README, put there by docs/hooks.py
+
+
+def test_the_configuration_reference_has_every_key_with_its_default_and_range() -> None:
+    gen = _generator()
+    keys = dict(gen.fields())
+    undocumented = [k for k, f in keys.items() if not (f.description or gen.NOTES.get(k))]
+    assert not undocumented, f"describe these in fedsim/config.py (or docs/gen_config_reference.py): {undocumented}"
+    assert not set(gen.NOTES) - set(keys), "docs/gen_config_reference.py has notes for keys that are gone"
+    assert gen.MARKER in (DOCS / "configuration.md").read_text()
+
+    rows = {line.split(" | ")[0].strip("| `"): line.split(" | ") for line in gen.config_reference().splitlines()}
+    assert set(rows) >= set(keys) and {"seed", "train.rounds", "simulation.client_resources.num_gpus"} <= set(keys)
+    assert "data" not in keys and "model.norm" in keys  # sections are opened, plugin blocks are one row
+    assert rows["seed"][1:4] == ["`int`", "`0`", ">= 0, < 2^63"]
+    assert rows["deploy.port"][1:4] == ["`int`", "`0`", ">= 0, <= 65 535"]
+    assert rows["engine"][1:3] == ["`local` / `flower`", "`local`"] and rows["data.dataset"][2] == "required"
+    assert rows["deploy.certificates"][1:3] == ["`{ca, cert, key}` or `null`", "`null`"]
+    assert rows["strategy"][2] == "`fedavg`" and rows["deploy.tls"][2] == "`false`"
+    train = RunConfig.model_fields["train"].annotation.model_fields
+    assert rows["train.rounds"][2] == f"`{train['rounds'].default}`"
