@@ -356,3 +356,25 @@ def test_compose_bounds_its_supernodes_and_their_ports(
     assert not (tmp_path / "p").exists()
     topo = compose_topology(load_config(QUICKSTART, [f"train.num_clients={MAX_NODES}"]), "superlink")
     assert len(set(topo.node_ports)) == MAX_NODES and max(topo.node_ports) <= 65535
+
+
+def test_a_project_that_cannot_be_written_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import os
+
+    real_write_text = Path.write_text
+
+    def disk_fills(self: Path, text: str, *args: object, **kwargs: object) -> int:
+        if self.name == "compose.yaml":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+        return real_write_text(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", disk_fills)
+    out = tmp_path / "p"
+    assert main(["compose", str(QUICKSTART), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"fedsim: error: --out {out}: cannot write {out / 'compose.yaml'} (No space left on device); the project is "
+        "incomplete: run fedsim compose again once it can be written\n"
+    )

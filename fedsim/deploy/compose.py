@@ -31,7 +31,7 @@ import yaml
 from fedsim.config import RunConfig, parse_config
 from fedsim.deploy.keys import make_node_keys, make_tls, write_secret
 from fedsim.deploy.topology import RUNTIME_ENV, SUPERNODE_RUNTIME_PORT, TlsFiles, Topology, write_app
-from fedsim.errors import ConfigError
+from fedsim.errors import ConfigError, FedsimError
 from fedsim.experiment import resolve
 from fedsim.ownership import check_own, mark_own
 from fedsim.paths import PACKAGE_PREFIX
@@ -174,6 +174,19 @@ def write_compose(
     resolve(cfg)  # the plugins and their options, as fedsim run checks them before anything is written
     topo = compose_topology(cfg, superlink_host)
     check_own(out, PROJECT_KIND, "--out")
+    try:
+        return _write_project(cfg, out, topo, superlink_host, node_memory, tls_hosts or [])
+    except OSError as err:  # a full disk, a directory made read-only meanwhile
+        raise FedsimError(
+            f"--out {out}: cannot write {err.filename or out} ({err.strerror}); the project is incomplete: run "
+            "fedsim compose again once it can be written"
+        ) from err
+
+
+def _write_project(
+    cfg: RunConfig, out: Path, topo: Topology, superlink_host: str, node_memory: str | None, tls_hosts: list[str]
+) -> Path:
+    n = cfg.train.num_clients
     out.mkdir(parents=True, exist_ok=True)
     mark_own(out, PROJECT_KIND)
     write_app(out, container_config(cfg), topo)
@@ -185,7 +198,7 @@ def write_compose(
         key = read_bytes(given.key, "deploy.certificates.key", MIB)
         write_secret(out / "tls" / "superlink.key", key)  # owner-only, as the original
     elif cfg.deploy.tls:  # made afresh: the names and the node count may have changed
-        make_tls(out / "tls", [superlink_host, "superlink", "localhost", cfg.deploy.address, *(tls_hosts or [])])
+        make_tls(out / "tls", [superlink_host, "superlink", "localhost", cfg.deploy.address, *tls_hosts])
     if cfg.deploy.supernode_auth:
         shutil.rmtree(out / "node-keys", ignore_errors=True)
         make_node_keys(out / "node-keys", cfg.train.num_clients)
