@@ -23,6 +23,7 @@ from pydantic_core import PydanticUndefined
 from fedsim.config import PluginBlock, RunConfig
 
 MARKER = "<!-- generated: configuration reference -->"
+PLUGINS_MARKER = "<!-- generated: built-in plugins -->"
 
 PLUGIN = "plugin: a name, `package.module:Name`, or `{name: ..., <options>}`"
 
@@ -174,5 +175,29 @@ def config_reference() -> str:
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
+def _option(name: str, field: FieldInfo) -> str:
+    default = "required" if field.is_required() else json.dumps(field.get_default(call_default_factory=True))
+    extra = "; ".join(t for t in (_constraints(field), field.description) if t)
+    return f"`{name}` = `{default}`" + (f" ({extra})" if extra else "")
+
+
+def plugin_reference() -> str:
+    """Every built-in plugin, by kind, as ``fedsim list`` shows it: name, summary, options with their defaults,
+    ranges and descriptions (each plugin's ``Params``)."""
+    from fedsim.plugins import ALL_REGISTRIES  # imports torch and Flower: only when the plugins are asked for
+
+    lines: list[str] = []
+    for kind, registry in ALL_REGISTRIES.items():
+        lines += ["", f"### {kind}", "", "| name | what it is | options |", "|---|---|---|"]
+        for entry in registry:
+            params = getattr(entry.obj, "Params", None)
+            options = params.model_fields.items() if isinstance(params, type) and issubclass(params, BaseModel) else []
+            row = [f"`{entry.name}`", entry.summary, "<br>".join(_option(n, f) for n, f in options)]
+            lines.append("| " + " | ".join(_escape(c) for c in row) + " |")
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
 if __name__ == "__main__":
     print(config_reference(), end="")
+    print("\n## Built-in plugins\n")
+    print(plugin_reference(), end="")

@@ -1,5 +1,6 @@
 """MkDocs hooks (``mkdocs.yml``): the site's front page is the repository's README, and the configuration
-reference is generated from ``fedsim/config.py`` at every build, so neither can drift from its source."""
+reference (every key, and every built-in plugin's options) is generated from the code at every build, so
+neither can drift from its source."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 from mkdocs.structure.files import File, Files
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gen_config_reference import MARKER, config_reference  # noqa: E402
+from gen_config_reference import MARKER, PLUGINS_MARKER, config_reference, plugin_reference  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,7 +39,8 @@ def on_files(files: Files, config: Any) -> Files:
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
     if page.file.src_uri == "configuration.md":
-        if MARKER not in markdown:
-            raise ValueError(f"docs/configuration.md lost its marker {MARKER}")
-        return markdown.replace(MARKER, config_reference())
+        for marker in (MARKER, PLUGINS_MARKER):
+            if marker not in markdown:
+                raise ValueError(f"docs/configuration.md lost its marker {marker}")
+        return markdown.replace(MARKER, config_reference()).replace(PLUGINS_MARKER, plugin_reference())
     return markdown

@@ -55,7 +55,7 @@ def test_the_configuration_reference_has_every_key_with_its_default_and_range() 
     undocumented = [k for k, f in keys.items() if not (f.description or gen.NOTES.get(k))]
     assert not undocumented, f"describe these in fedsim/config.py (or docs/gen_config_reference.py): {undocumented}"
     assert not set(gen.NOTES) - set(keys), "docs/gen_config_reference.py has notes for keys that are gone"
-    assert gen.MARKER in (DOCS / "configuration.md").read_text()
+    assert gen.MARKER in (page := (DOCS / "configuration.md").read_text()) and gen.PLUGINS_MARKER in page
 
     rows = {line.split(" | ")[0].strip("| `"): line.split(" | ") for line in gen.config_reference().splitlines()}
     assert set(rows) >= set(keys) and {"seed", "train.rounds", "simulation.client_resources.num_gpus"} <= set(keys)
