@@ -224,7 +224,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_and_leaves_no_temp_file
     raw["output"].update(run_dir=str(tmp_path / "r"), checkpoint_every=1)
     assert main(["run", str(write_config(tmp_path, raw))]) == 2
     assert capsys.readouterr().err == (
-        f"fedsim: error: cannot write {tmp_path / 'r' / CHECKPOINT}: No space left on device; the checkpoint "
+        f"fedsim: error: cannot write {tmp_path / 'r' / CHECKPOINT}: No space left on device; what was written "
         "before it is kept\n"
     )
     assert not list((tmp_path / "r").glob(".*.tmp")) and not (tmp_path / "r" / CHECKPOINT).exists()

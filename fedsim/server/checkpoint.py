@@ -38,7 +38,7 @@ from fedsim.config import RunConfig, parse_config, read_yaml
 from fedsim.data.fingerprint import DATA_FINGERPRINT, check_same_data
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.integrity import digest, read_torch, verify
-from fedsim.rundir import CHECKPOINT, CLIENT_STATE, NOT_LEARNING, SUMMARY, RunDir, flatten, temp_name
+from fedsim.rundir import CHECKPOINT, CLIENT_STATE, NOT_LEARNING, SUMMARY, RunDir, flatten, temp_name, unwritten
 from fedsim.server.replies import missing_replies
 
 # --- the server's checkpoint file ----------------------------------------------------------------
@@ -99,7 +99,8 @@ class Checkpoint:
             "failed": json.dumps(self.failed),
         }
         payload[CHECKSUM] = digest(payload)  # verified on load: a file changed on disk is never resumed
-        # serialised in memory first: torch's own writer turns a full disk into a RuntimeError of its own
+        # rundir.torch_write's way, with an fsync: serialised in memory first (torch's own writer turns a full
+        # disk into a RuntimeError of its own), then written, synced and renamed
         buffer = io.BytesIO()
         torch.save(payload, buffer)
         path, tmp = run_dir / CHECKPOINT, temp_name(run_dir / CHECKPOINT)
@@ -110,7 +111,7 @@ class Checkpoint:
                 os.fsync(f.fileno())
             os.replace(tmp, path)
         except OSError as err:
-            raise FedsimError(f"cannot write {path}: {err.strerror or err}; the checkpoint before it is kept") from err
+            raise unwritten(path, err) from err
         finally:
             tmp.unlink(missing_ok=True)  # gone already once renamed; a half-written one never stays
 
