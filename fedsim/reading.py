@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +53,9 @@ def check_source(path: str | Path, what: str, error: type[FedsimError] = ConfigE
         raise error(f"{what} {path}: {_kind(mode)}, not a file or a directory fedsim can read")
 
 
-def read_bytes(path: str | Path, what: str, limit: int, error: type[FedsimError] = ConfigError) -> bytes:
-    """The whole of the regular file ``path``, at most ``limit`` bytes; anything else is one line naming
-    ``what`` the file is, the path and why (missing, not a regular file, larger than ``limit``, unreadable)."""
+@contextmanager
+def _regular(path: str | Path, what: str, limit: int, error: type[FedsimError]) -> Iterator[int]:
+    """``path`` open for reading (blocking), once it is known to be a regular file of at most ``limit`` bytes."""
     try:
         # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -68,18 +70,32 @@ def read_bytes(path: str | Path, what: str, limit: int, error: type[FedsimError]
         if info.st_size > limit:
             raise error(f"{what} {path}: {info.st_size:,} bytes; fedsim reads at most {limit:,} for it")
         os.set_blocking(fd, True)
-        data = bytearray()
-        while len(data) <= limit and (chunk := os.read(fd, min(16 * MIB, limit + 1 - len(data)))):
-            data += chunk
-        if len(data) > limit:  # grew while read
-            raise error(f"{what} {path}: grew while read; fedsim reads at most {limit:,} bytes for it")
-        if data and info.st_size == 0:  # /proc and /sys files say 0 bytes, then have some
+        if info.st_size == 0 and os.pread(fd, 1, 0):  # /proc and /sys files say 0 bytes, then have some
             raise error(f"{what} {path}: a /proc or /sys file (its size is unknown in advance), not a regular file")
-        return bytes(data)
+        yield fd
     except OSError as err:
         raise error(f"{what} {path}: cannot read it ({err.strerror})") from err
     finally:
         os.close(fd)
+
+
+def check_file(path: str | Path, what: str, limit: int, error: type[FedsimError] = ConfigError) -> None:
+    """What :func:`read_bytes` checks, without reading: for a reader that streams a large file itself
+    (``torch.load``, ``tarfile``, ``np.load``), which would hang on a FIFO or never end on a device."""
+    with _regular(path, what, limit, error):
+        pass
+
+
+def read_bytes(path: str | Path, what: str, limit: int, error: type[FedsimError] = ConfigError) -> bytes:
+    """The whole of the regular file ``path``, at most ``limit`` bytes; anything else is one line naming
+    ``what`` the file is, the path and why (missing, not a regular file, larger than ``limit``, unreadable)."""
+    with _regular(path, what, limit, error) as fd:
+        data = bytearray()
+        while len(data) <= limit and (chunk := os.read(fd, min(16 * MIB, limit + 1 - len(data)))):
+            data += chunk
+    if len(data) > limit:  # grew while read
+        raise error(f"{what} {path}: grew while read; fedsim reads at most {limit:,} bytes for it")
+    return bytes(data)
 
 
 def read_text(path: str | Path, what: str, limit: int, error: type[FedsimError] = ConfigError) -> str:

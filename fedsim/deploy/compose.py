@@ -35,7 +35,7 @@ from fedsim.errors import ConfigError, FedsimError
 from fedsim.experiment import resolve
 from fedsim.ownership import check_own, mark_own
 from fedsim.paths import PACKAGE_PREFIX
-from fedsim.reading import MIB, read_bytes
+from fedsim.reading import MIB, check_file, read_bytes
 from fedsim.runner import OFFLINE_ENV
 
 DEFAULT_PORT = 9093
@@ -193,8 +193,9 @@ def _write_project(
     given = cfg.deploy.certificates
     if given is not None:  # the user's own PEM files, under the names the services expect
         (out / "tls").mkdir(exist_ok=True)
-        shutil.copyfile(given.ca, out / "tls" / "ca.pem")
-        shutil.copyfile(given.cert, out / "tls" / "superlink.pem")
+        for field, pem, name in (("ca", given.ca, "ca.pem"), ("cert", given.cert, "superlink.pem")):
+            check_file(pem, f"deploy.certificates.{field}", MIB)  # copyfile would wait on a FIFO
+            shutil.copyfile(pem, out / "tls" / name)
         key = read_bytes(given.key, "deploy.certificates.key", MIB)
         write_secret(out / "tls" / "superlink.key", key)  # owner-only, as the original
     elif cfg.deploy.tls:  # made afresh: the names and the node count may have changed
