@@ -228,8 +228,8 @@ def validate_options(params_cls: type[P], options: Mapping[str, Any] | None, whe
 
 
 def number_as_text(error: Mapping[str, Any]) -> str:
-    """A hint for a pydantic ``error`` whose input is text that reads as a number where a number belongs: YAML 1.1
-    (PyYAML) reads a quoted number as text, and so an exponent without a dot and a sign (``1e-3``, ``1.0e6``)."""
+    """A hint for a pydantic ``error`` whose input is text that reads as a number where a number belongs: a quoted
+    number (fedsim's YAML reader takes ``1e-3`` unquoted as a number, as YAML 1.2 does: fedsim.config)."""
     value = error.get("input")
     if error["type"] not in ("int_type", "float_type") or not isinstance(value, str):
         return ""
@@ -237,7 +237,7 @@ def number_as_text(error: Mapping[str, Any]) -> str:
         float(value)
     except ValueError:
         return ""
-    return "; that is text, not a number: write numbers unquoted, exponents with a dot and a sign (1.0e-3, 1.0e+6)"
+    return "; that is text, not a number: write numbers unquoted"
 
 
 def load_dotted(path: str, kind: str) -> object:

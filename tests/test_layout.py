@@ -38,6 +38,13 @@ CASES = {
     "inline asked for: every core": ("local", 10, {"backend": "inline"}, 4, ("inline", 4)),
     "the pool asked for on one core": ("local", 10, {"backend": "ray"}, 1, ("ray", 1)),
     "threads asked for are kept": ("local", 10, {"threads": 3}, 2, ("ray", 3)),
+    "workers of more CPUs than the machine has: its cores": (
+        "local",
+        10,
+        {"client_resources": {"num_cpus": 10**6}},
+        4,
+        ("ray", 4),
+    ),
 }
 
 

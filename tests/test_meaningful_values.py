@@ -166,6 +166,10 @@ test_meaningless_value_is_one_line_before_training = corpus_rows(CASES, SETUPS)
         ("model.norm={name: ln_goldschmidt, delta_range: [0.5, 2]}", "model.norm", {"delta_range": (0.5, 2.0)}),
         (f"strategy={{name: '{FLOWER}:FedAvgM', server_learning_rate: 2}}", "strategy", {"server_learning_rate": 2.0}),
         (f"simulation.threads={4 * (os.cpu_count() or 1)}", "simulation", {"threads": 4 * (os.cpu_count() or 1)}),
+        # YAML 1.2 exponents (PyYAML alone reads them as text, which strict fields refuse)
+        ("train.lr=1e-3", "train", {"lr": 0.001}),
+        ("train.max_loss=1.0e6", "train", {"max_loss": 1e6}),
+        ("strategy={name: fedyogi, tau: 1E-9}", "strategy", {"tau": 1e-9}),
     ],
 )
 def test_ints_are_floats_and_lists_are_tuples(

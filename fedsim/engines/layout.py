@@ -24,9 +24,11 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def worker_threads(sim: SimulationConfig) -> int:
-    """``threads: auto`` in a process that is one of several client workers: its share of CPUs."""
-    return max(1, int(sim.client_resources.num_cpus))
+def worker_threads(sim: SimulationConfig, cores: int | None = None) -> int:
+    """``threads: auto`` in a process that is one of several client workers: its share of CPUs, at most the
+    ``cores`` it may run on (default :func:`usable_cores`): a ``num_cpus`` of a cluster's scale on a small
+    SuperNode would ask torch for as many threads, and torch crashes on a million."""
+    return max(1, min(int(sim.client_resources.num_cpus), cores or usable_cores()))
 
 
 def torch_threads(sim: SimulationConfig) -> int:
@@ -51,5 +53,5 @@ def choose_layout(cfg: RunConfig, cores: int | None = None, pool: bool = True) -
     threads = sim.threads
     if threads == "auto":
         one_process = cfg.engine == "local" and backend == "inline"
-        threads = cores if one_process else worker_threads(sim)
+        threads = cores if one_process else worker_threads(sim, cores)
     return cfg.model_copy(update={"simulation": sim.model_copy(update={"backend": backend, "threads": threads})})
