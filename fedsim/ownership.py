@@ -19,27 +19,18 @@ from fedsim.reading import KIB, read_text
 MARKER = ".fedsim"
 
 
-def blocker(path: Path) -> tuple[Path, str] | None:
-    """The first part of ``path`` (from the root down) that stops a directory being made there, and why:
-    a symlink loop, a file, no permission; None when every existing part is a directory."""
+def unusable(path: Path, field: str) -> ConfigError | None:
+    """Why ``path`` cannot be a directory fedsim writes into, as the error to raise, naming ``field`` and the
+    first part of ``path`` (from the root down) at fault: a file, a symlink loop, no permission; or None."""
     for part in [*reversed(path.parents), path]:
         try:
             mode = os.stat(part).st_mode
         except FileNotFoundError:
             return None  # this part and what is below it can be made
         except OSError as err:
-            return part, err.strerror or type(err).__name__
+            return ConfigError(f"{field}: {part}: {err.strerror}")
         if not stat.S_ISDIR(mode):
-            return part, "a file, not a directory"
-    return None
-
-
-def unusable(path: Path, field: str) -> ConfigError | None:
-    """Why ``path`` cannot be a directory fedsim writes into, as the error to raise (naming ``field`` and the
-    part of the path at fault), or None."""
-    if found := blocker(path):
-        at, why = found
-        return ConfigError(f"{field}: {at} is {why}" if why.startswith("a ") else f"{field}: {at}: {why}")
+            return ConfigError(f"{field}: {part} is a file, not a directory")
     return None
 
 
