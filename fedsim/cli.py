@@ -6,13 +6,15 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
 import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fedsim.config import DeprecatedConfig
+# only light modules here: main() takes SIGTERM over before the heavy ones load (pydantic, torch, Ray)
 from fedsim.errors import ERROR_FILE_ENV, ChildExit, ConfigError, FedsimError
+from fedsim.processes import sigterm_as_interrupt, sigterm_raised
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -52,6 +54,7 @@ def _cmd_compose(args: argparse.Namespace) -> int:
 
     from fedsim.config import load_config
     from fedsim.deploy.compose import write_compose
+
     if args.node_memory is not None and not re.fullmatch(r"[1-9][0-9]*(\.[0-9]+)?[bkmgBKMG]?", args.node_memory):
         raise ConfigError(f"--node-memory {args.node_memory!r}: give Docker's memory form, e.g. 4g, 512m")
     cfg = load_config(args.config, args.set)
@@ -170,9 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also plot final accuracy against this config key (e.g. partition.beta): final_vs_<key>.png",
     )  # fmt: skip
     report.set_defaults(func=_cmd_report)
-    plot = sub.add_parser(
-        "plot", help="PNGs of runs: accuracy per round, label distribution, feature spectrum"
-    )
+    plot = sub.add_parser("plot", help="PNGs of runs: accuracy per round, label distribution, feature spectrum")
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (or directories holding them)")
     plot.add_argument(
         "--out", "-o", default=None, help="where the PNGs go (default: the RUN_DIR if one, else the current directory)"
@@ -204,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _show_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
     """fedsim's own warnings (deprecated config forms) as one plain line; others as Python shows them."""
+    from fedsim.config import DeprecatedConfig
+
     if issubclass(category, DeprecatedConfig):
         print(f"fedsim: warning: {message}", file=sys.stderr)
     else:
@@ -214,10 +217,13 @@ _python_show_warning = warnings.showwarning
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    warnings.showwarning = _show_warning
+    """The ``fedsim`` command: its exit status is 0, 2 for bad input (one line on stderr), 130 on Ctrl-C
+    and 143 on SIGTERM (one line each, every process the command started stopped)."""
     try:
-        return args.func(args)
+        with sigterm_as_interrupt():  # from the first moment: start-up included, every engine after it
+            args = build_parser().parse_args(argv)
+            warnings.showwarning = _show_warning
+            return args.func(args)
     except ChildExit as err:  # the fedsim process it ran has said why
         return err.code
     except FedsimError as err:
@@ -225,9 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         if path := os.environ.get(ERROR_FILE_ENV):
             Path(path).write_text(json.dumps({"type": type(err).__name__, "message": str(err)}))
         return 2
-    except KeyboardInterrupt:
-        print("fedsim: interrupted; metrics written so far are in the run directory", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt:  # SIGTERM's Terminated too, which code in between may have made a plain one
+        sig = signal.SIGTERM if sigterm_raised() else signal.SIGINT
+        how = "interrupted by SIGTERM" if sig == signal.SIGTERM else "interrupted"
+        print(f"fedsim: {how}; metrics written so far are in the run directory", file=sys.stderr)
+        return 128 + sig
 
 
 if __name__ == "__main__":

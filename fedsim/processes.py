@@ -17,10 +17,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 WATCH_EVERY_S = 0.5
@@ -144,43 +146,132 @@ def describe(pid: int) -> str:
     return f"pid {pid}: {cmdline[:120]}"
 
 
-def watchdog(roots: set[int]) -> subprocess.Popen[bytes]:
-    """A process that stops ``roots`` and everything they start once this process is gone.
+def watchdog(roots: set[int] | None = None, grace_s: float = 10.0) -> subprocess.Popen[bytes]:
+    """A process that stops ``roots`` and everything they start once this process is gone (SIGTERM, then
+    SIGKILL after ``grace_s`` seconds); ``roots`` None: every process this one starts from now on (its
+    whole tree but the watchdog).
 
     It runs in a session of its own (a Ctrl-C or a SIGKILL aimed at this process does not reach it)
-    and ends by itself when this process and the tree are gone."""
-    cmd = [sys.executable, "-m", "fedsim.processes", str(os.getpid()), *map(str, sorted(roots))]
+    and ends by itself when this process, or the tree it has seen, is gone."""
+    cmd = [sys.executable, "-m", __spec__.name, str(os.getpid()), str(grace_s), *map(str, sorted(roots or ()))]
     return subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, close_fds=True)
 
 
-def _watch(parent: int, roots: set[int]) -> None:
-    """The watchdog's loop: remember the tree while ``parent`` lives, stop what is left when it dies."""
+def _is_watchdog(process: Process) -> bool:
+    """True for a watchdog (another one, watching the same parent's tree: never stopped by this one)."""
+    try:
+        return f"\0-m\0{__spec__.name}\0".encode() in Path(f"/proc/{process[0]}/cmdline").read_bytes()
+    except OSError:  # gone
+        return False
+
+
+def _watch(parent: int, roots: set[int], grace_s: float) -> None:
+    """The watchdog's loop: remember the tree while ``parent`` lives, stop what is left when it dies.
+    No ``roots``: the parent's whole tree, which may still be empty when the watch begins."""
     launcher = identity(parent)
+    if launcher is None:
+        return
     known: set[Process] = set()
-    while launcher is not None and alive(launcher):
-        known |= tree(roots | {pid for pid, _ in known})
-        known = {p for p in known if alive(p)}
-        if not known:
+    seen = bool(roots)
+    while alive(launcher):
+        found = tree((roots or {parent}) | {pid for pid, _ in known}) - {launcher}
+        known = {p for p in known | found if alive(p) and not _is_watchdog(p)}
+        if seen and not known:
             return  # the launcher stopped its tree itself
+        seen = seen or bool(known)
         time.sleep(WATCH_EVERY_S)
     known |= tree({pid for pid, _ in known if identity(pid) is not None})
     send(known, signal.SIGTERM)
-    if not wait_gone(known, 10.0):
+    if not wait_gone(known, grace_s):
         send(known, signal.SIGKILL)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt: it unwinds the same way (every ``finally``
+    runs, the processes a command started are stopped), and the command exits 128 + 15 instead of 130."""
+
+
+# Set once SIGTERM has been raised as Terminated: code that re-raises a KeyboardInterrupt of its own (ray.get
+# turns any into a plain one) must not turn SIGTERM's exit status into Ctrl-C's
+_sigterm_raised = threading.Event()
+
+
+def sigterm_raised() -> bool:
+    """True if this process has raised SIGTERM as :class:`Terminated` (what ended it, if it is ending)."""
+    return _sigterm_raised.is_set()
+
+
+def _interrupt(signum: int) -> KeyboardInterrupt:
+    if signum != signal.SIGTERM:
+        return KeyboardInterrupt()
+    _sigterm_raised.set()
+    return Terminated()
+
+
+def _raise_terminated(signum: int, frame: object) -> NoReturn:
+    raise _interrupt(signum)
 
 
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C, so the processes a command started are stopped either way."""
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
+    """SIGTERM unwinds like Ctrl-C (as :class:`Terminated`) while the block runs."""
+    _sigterm_raised.clear()  # one that an earlier block raised (and its caller handled) is not this one's
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def handlers_kept() -> Iterator[None]:
+    """This process's SIGINT and SIGTERM handlers as they were before the block, whatever it installed.
+
+    ``ray.init`` makes SIGTERM ``sys.exit(15)`` in the driver, and the absl failure handler of Ray's
+    core worker prints a stack dump on it: inside this block they last only until it ends, and a
+    ``sys.exit(15)`` they make of a SIGTERM meanwhile is :class:`Terminated` where fedsim's handler was
+    in place, so SIGTERM stays :class:`Terminated` for the whole run.
+    """
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    except SystemExit as exit_:  # Ray's handler, while the block ran: SIGTERM, as fedsim's handler has it
+        if exit_.code != signal.SIGTERM or saved[signal.SIGTERM] is not _raise_terminated:
+            raise
+        raise _interrupt(signal.SIGTERM) from None
+    finally:
+        if threading.current_thread() is threading.main_thread():  # where handlers can be set at all
+            for sig, handler in saved.items():
+                if handler is not None:  # None: one set outside Python, which Python cannot put back
+                    signal.signal(sig, handler)
+
+
+@contextmanager
+def signals_deferred(wind_down: Callable[[], None]) -> Iterator[None]:
+    """The first Ctrl-C or SIGTERM while the block runs calls ``wind_down`` (which asks what runs inside to
+    end soon) and is raised once the block has ended, however it ends; a second one is raised at once.
+
+    For code that cannot be interrupted at an arbitrary point: Flower's simulation, stopped in its main
+    thread, shuts Ray down under its own worker threads, which then wait forever.
+    """
+    caught: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if caught:
+            raise _interrupt(signum)
+        caught.append(signum)
+        wind_down()
+
+    with handlers_kept():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, handler)
+        try:
+            yield
+        except Exception:  # what winding down raised in there: the signal is the reason
+            if not caught:
+                raise
+    if caught:
+        raise _interrupt(caught[0])
 
 
 @contextmanager
@@ -198,6 +289,6 @@ def signals_ignored() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-if __name__ == "__main__":  # the watchdog: python -m fedsim.processes <parent pid> <root pid>...
+if __name__ == "__main__":  # the watchdog: python -m fedsim.processes <parent pid> <grace s> <root pid>...
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _watch(int(sys.argv[1]), {int(a) for a in sys.argv[2:]})
+    _watch(int(sys.argv[1]), {int(a) for a in sys.argv[3:]}, float(sys.argv[2]))

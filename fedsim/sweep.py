@@ -348,11 +348,11 @@ def _run_on_ray(
     starts a run when a node has them free), reported as they finish."""
     import ray
 
+    from fedsim.engines.ray_cluster import start_ray
     from fedsim.runner import OFFLINE_ENV, use_run_env
 
     use_run_env()  # for the raylet started here (its workers' niceness)
-    address = ray_cfg.address or "local"  # none: an instance here, never a cluster `ray start` left running
-    ray.init(address=address, include_dashboard=False, runtime_env={"env_vars": dict(OFFLINE_ENV)})
+    start_ray(ray_cfg.address, runtime_env={"env_vars": dict(OFFLINE_ENV)})
     task = ray.remote(num_cpus=ray_cfg.cpus_per_run, num_gpus=ray_cfg.gpus_per_run)(_run_one)
     names: dict[Any, str] = {}
     pending = list(todo)

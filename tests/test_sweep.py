@@ -165,7 +165,7 @@ def test_stopping_a_sweep_stops_its_runs_and_a_rerun_resumes_them(tmp_path: Path
         assert len(cell_processes(out, proc.pid)) == 2
         proc.send_signal(sig)
         proc.communicate(timeout=120)
-        assert proc.returncode == (130 if sig == signal.SIGTERM else -signal.SIGKILL)
+        assert proc.returncode == (128 + signal.SIGTERM if sig == signal.SIGTERM else -signal.SIGKILL)
         # however the sweep ends, its runs end with it (SIGKILL: by their parent-death signal)
         wait_until(lambda p=proc.pid: not cell_processes(out, p), 60, f"{sig}: runs outlived the sweep")
         assert not any((c / "summary.json").exists() for c in cells)

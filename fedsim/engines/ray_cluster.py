@@ -4,19 +4,28 @@ The address is checked before any data is loaded or a run directory written, bec
 that nobody answers on otherwise surfaces late: as a Ray timeout after the data is decoded, or,
 under Flower's runtime, as a logged error in a thread. Leaving a cluster only disconnects this
 driver (its actors end with its job); the cluster and whatever else runs on it stay up.
+
+A Ray instance started here never outlives this process: Ray's head processes get a parent-death
+signal from Ray itself, but its agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) are the
+raylet's children and, once it is gone, spend a minute trying to report to the dead GCS (deaf to
+SIGTERM meanwhile); a :func:`fedsim.processes.watchdog` kills them. And ``ray.init`` installs its own SIGTERM handler
+(``sys.exit(15)``, after absl's stack dump): fedsim's is put back, so SIGTERM stays one line, 143.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 from fedsim.config import RunConfig, SimulationConfig
 from fedsim.errors import ConfigError
+from fedsim.processes import handlers_kept, watchdog
 
 FIELD = "simulation.ray_address"
 FORMS = "auto, host:port (the head's GCS, port 6379 by default) or ray://host:port (Ray Client, port 10001)"
 CONNECT_TIMEOUT_S = 5.0
+AGENTS_GRACE_S = 1.0
 
 
 def _auto_address() -> str:
@@ -65,6 +74,17 @@ def check_ray_address(cfg: RunConfig) -> None:
         ) from err
 
 
+def start_ray(address: str | None, **init_args: Any) -> None:
+    """``ray.init``: a Ray instance here (``address`` None), never a cluster that `ray start` left
+    running, or the cluster at ``address``; see the module's docstring for what it guarantees."""
+    import ray
+
+    if address is None:  # from before the head starts, so its agents are found as they appear; they are
+        watchdog(grace_s=AGENTS_GRACE_S)  # killed: an agent waiting on the dead GCS acts on SIGTERM after 60 s
+    with handlers_kept():
+        ray.init(address=address or "local", include_dashboard=False, **init_args)
+
+
 def init_ray(sim: SimulationConfig) -> bool:
     """Start Ray here, or join ``sim.ray_address``; False if this process was already connected.
 
@@ -76,15 +96,7 @@ def init_ray(sim: SimulationConfig) -> bool:
     if ray.is_initialized():  # a caller's session (a test, a notebook): use it, leave it up
         return False
     try:
-        ray.init(
-            # None means a Ray instance here: "local", since ray.init(None) would join a cluster that
-            # `ray start` left running on this machine
-            address=sim.ray_address or "local",
-            include_dashboard=False,
-            log_to_driver=True,
-            logging_level="warning",
-            configure_logging=False,
-        )
+        start_ray(sim.ray_address, log_to_driver=True, logging_level="warning", configure_logging=False)
     except Exception as err:  # Ray raises ConnectionError, TimeoutError, RuntimeError, ... here
         if sim.ray_address is None:
             raise

@@ -1,0 +1,97 @@
+"""SIGTERM ends every command as Ctrl-C does (one line, status 143 = 128 + 15; Ctrl-C stays 130), from
+its first moment to its last, on every engine; and a run on Ray leaves no Ray process behind however it
+ends, SIGKILL included (Ray's agents once lived on for a minute under PID 1)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedsim.processes import Process, alive, tree
+from tests.conftest import REPO, small_config, write_config
+
+STOPPED = "fedsim: interrupted by SIGTERM; metrics written so far are in the run directory\n"
+
+
+def start_run(tmp_path: Path, **sections: dict) -> subprocess.Popen[str]:  # type: ignore[type-arg]
+    cfg = small_config(tmp_path, train={"rounds": 10_000, "local_steps": 1}, eval={"every": 1}, **sections)
+    cmd = [sys.executable, "-m", "fedsim.cli", "run", str(write_config(tmp_path, cfg))]
+    return subprocess.Popen(cmd, cwd=REPO, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def handles_sigterm(pid: int) -> bool:
+    """True once process ``pid`` has a handler of its own for SIGTERM (its caught-signals mask)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+    return bool(caught & 1 << (signal.SIGTERM - 1))
+
+
+def run_until(proc: subprocess.Popen[str], condition, timeout: float) -> set[Process]:  # type: ignore[no-untyped-def]
+    """Wait for ``condition(the processes proc started so far, itself included)``; those processes."""
+    seen: set[Process] = set()
+    deadline = time.monotonic() + timeout
+    while not condition(seen) and time.monotonic() < deadline and proc.poll() is None:
+        seen |= tree({proc.pid})
+        time.sleep(0.05)
+    return seen
+
+
+def named(title: str):  # type: ignore[no-untyped-def]
+    """A condition: a process whose command line starts with ``title`` is among those seen."""
+
+    def found(seen: set[Process]) -> bool:
+        return any(cmdline(pid).startswith(title.encode()) for pid, _ in seen)
+
+    return found
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # ended
+        return b""
+
+
+def test_sigterm_during_start_up_is_one_line_and_143(tmp_path: Path) -> None:
+    proc = start_run(tmp_path)
+    run_until(proc, lambda _: handles_sigterm(proc.pid), timeout=10)  # fedsim's handler: before heavy imports
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (128 + signal.SIGTERM, STOPPED)
+    assert not (tmp_path / "runs").exists()  # still starting: nothing was written
+
+
+@pytest.mark.parametrize(
+    ("engine", "sig", "clients"),
+    [
+        ({"simulation": {"backend": "ray", "threads": 1}}, signal.SIGTERM, "ray::_Worker"),
+        ({"simulation": {"backend": "ray", "threads": 1}}, signal.SIGKILL, "ray::_Worker"),
+        ({"engine": "flower"}, signal.SIGTERM, "ray::ClientAppActor"),
+    ],
+    ids=["ray-pool-sigterm", "ray-pool-sigkill", "flower-sigterm"],
+)
+@pytest.mark.slow
+def test_a_run_on_ray_stopped_mid_way_leaves_nothing_running(
+    tmp_path: Path,
+    engine: dict,
+    sig: signal.Signals,
+    clients: str,  # type: ignore[type-arg]
+) -> None:
+    proc = start_run(tmp_path, **engine)
+    seen = run_until(proc, named(clients), timeout=300)  # Ray up, its agents too, the clients' actors started
+    assert named(clients)(seen), proc.communicate(timeout=60)[1][-3000:]
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    if sig == signal.SIGTERM:  # one line (after what the engine logged while it ran), not Ray's exit 15 and dump
+        assert proc.returncode == 128 + signal.SIGTERM and err.endswith(STOPPED), err[-3000:]
+        assert "Traceback" not in err and "***" not in err
+    # however it ended, what it started ends with it: Ray's agents within seconds, not a minute
+    deadline = time.monotonic() + 15
+    while (left := {p for p in seen if alive(p)}) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, [cmdline(pid).split(b"\0")[0] for pid, _ in left]
