@@ -11,6 +11,8 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Literal
@@ -20,7 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from fedsim.errors import ConfigError, brief
-from fedsim.paths import resolve_path
+from fedsim.ownership import unusable
+from fedsim.paths import package_path, resolve_path
+from fedsim.reading import CONFIG_BYTES, check_source, read_text
+from fedsim.registry import number_as_text
 
 
 class DeprecatedConfig(FutureWarning):
@@ -28,8 +33,10 @@ class DeprecatedConfig(FutureWarning):
 
 
 class _Strict(BaseModel):
-    # unknown keys are errors; an inf or NaN in a float option is never a setting anyone meant
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # unknown keys are errors; an inf or NaN in a float option is never a setting anyone meant; and pydantic's
+    # strict mode: a boolean or a string is never a number (``true`` is not 1, ``'0.1'`` not 0.1), an int still
+    # is a float (plugin options get the same from fedsim.registry.validate_options)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class PluginBlock(BaseModel):
@@ -123,7 +130,7 @@ class TrainConfig(_Strict):
         None, ge=1, description="clients sampled each round (fedsim's seeded sampler); default all"
     )
     local_steps: int | None = Field(
-        None, ge=0, le=10**6, description="K mini-batch SGD steps per round (the paper's E); 10 unless local_epochs"
+        None, ge=1, le=10**6, description="K mini-batch SGD steps per round (the paper's E); 10 unless local_epochs"
     )
     local_epochs: int | None = Field(None, ge=1, le=10**4, description="epoch-based local work instead of steps")
     batch_size: int = Field(32, ge=1, description="mini-batch size; at most the training set's size")
@@ -173,6 +180,9 @@ class ClientResources(_Strict):
     num_gpus: float = Field(0.0, ge=0)
 
 
+THREADS_PER_CPU = 4  # simulation.threads' bound, in CPUs of the machine
+
+
 class SimulationConfig(_Strict):
     backend: Literal["auto", "inline", "ray"] = Field(
         "auto",
@@ -190,15 +200,23 @@ class SimulationConfig(_Strict):
     threads: int | Literal["auto"] = Field(
         "auto",
         description="torch intra-op threads per process that trains clients; auto: every core inline, "
-        "client_resources.num_cpus (at least 1) per Ray worker or SuperNode",
+        f"client_resources.num_cpus (at least 1) per Ray worker or SuperNode; at most {THREADS_PER_CPU} x the "
+        "CPUs of the machine that reads the config",
     )
 
     @field_validator("threads", mode="before")
     @classmethod
     def _threads(cls, threads: Any) -> Any:
-        if threads == "auto" or (type(threads) is int and threads >= 1):
+        # Bounded by the machine: threads beyond its cores only wait on each other, and torch crashes on a
+        # million (SIGSEGV); a few times the cores stays allowed, for measuring oversubscription.
+        cpus = os.cpu_count() or 1
+        if threads == "auto" or (type(threads) is int and 1 <= threads <= THREADS_PER_CPU * cpus):
             return threads
-        raise ValueError(f"simulation.threads = {brief(threads)}: give auto or a whole number of threads >= 1")
+        raise ValueError(
+            f"simulation.threads = {brief(threads)}: give auto or a whole number of threads in "
+            f"1..{THREADS_PER_CPU * cpus} ({THREADS_PER_CPU} x this machine's {cpus} CPUs)"
+        )
+
     state_memory_mb: float = Field(
         512.0, gt=0, description="engine local: client state (SCAFFOLD's c_i, FedBN's local tensors) a worker "
         "pool keeps in memory; beyond it, the least recently used clients' state waits on disk"
@@ -351,13 +369,15 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
             msg = "unknown key"
             if isinstance(e.get("ctx"), dict) and "expected" in e["ctx"]:
                 msg += f"; valid keys: {e['ctx']['expected']}"
-        lines.append(f"{where or '<config>'}: {msg}{shown}")
+        lines.append(f"{where or '<config>'}: {msg}{shown}{number_as_text(e)}")
     return "\n".join(lines)
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node = tree
     *parents, leaf = dotted.split(".")
+    if len(parents) >= MAX_DEPTH:  # as deep as a YAML value may nest (parse_yaml)
+        raise ConfigError(f"--set {brief(dotted)}: more than {MAX_DEPTH} levels of keys; a config is a few deep")
     for key in parents:
         child = node.setdefault(key, {})
         if isinstance(child, str):  # a plugin given by its name alone is {name: <it>}: set one of its options
@@ -385,16 +405,29 @@ class _Refused(yaml.YAMLError):
 
 class _ConfigLoader(yaml.SafeLoader):
     """YAML as ``safe_load`` reads it, but a key given twice is an error (the second would silently replace
-    the first, a whole section at the top level) and so are aliases that expand to more than
+    the first, a whole section at the top level), and so are: aliases that expand to more than
     ``MAX_ALIAS_NODES`` nodes in all (a "billion laughs" document nests aliases to blow a few lines up
-    into gigabytes; a sweep's anchors for repeated settings stay far below it)."""
+    into gigabytes; a sweep's anchors for repeated settings stay far below it), an alias inside the value
+    it names (a value that contains itself), and nesting deeper than ``MAX_DEPTH`` (PyYAML's composer
+    recurses: 800 bytes of brackets were a RecursionError)."""
 
-    expanded = 0
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.expanded = 0
+        self.composing: list[yaml.Node | None] = []  # the parents of the node being composed, outermost first
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         alias = self.check_event(yaml.AliasEvent)
-        line = self.peek_event().start_mark.line + 1 if alias else 0
-        node = super().compose_node(parent, index)
+        line = self.peek_event().start_mark.line + 1
+        if len(self.composing) >= MAX_DEPTH:
+            raise _Refused(f"nested deeper than {MAX_DEPTH} levels at line {line}: a config is a few levels deep")
+        self.composing.append(parent)
+        try:
+            node = super().compose_node(parent, index)
+            if alias and any(node is outer for outer in self.composing):
+                raise _Refused(f"the alias at line {line} is inside the value it names: a value cannot contain itself")
+        finally:
+            self.composing.pop()
         if alias:
             self.expanded += _size(node, {})
             if self.expanded > MAX_ALIAS_NODES:
@@ -419,6 +452,8 @@ def _size(node: yaml.Node, seen: dict[int, int]) -> int:
 def _mapping_without_duplicates(loader: _ConfigLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):  # `? [a, b]`: a key that is a list or a mapping
+            raise _Refused(f"the key at line {key_node.start_mark.line + 1} is not a plain name or number")
         key = loader.construct_object(key_node, deep=True)
         if key in seen:
             raise _Refused(f"key {brief(key)} is given twice (line {key_node.start_mark.line + 1}): give it once")
@@ -427,11 +462,20 @@ def _mapping_without_duplicates(loader: _ConfigLoader, node: yaml.MappingNode, d
 
 
 _ConfigLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+# YAML 1.2's floats: PyYAML (YAML 1.1) reads 1e-3 and 1.0e6 (no dot, or no exponent sign) as text, which the
+# strict number fields refuse; a researcher's ``lr: 1e-3`` is a number. Quoted '1e-3' stays text.
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
 MAX_ALIAS_NODES = 10_000
+MAX_DEPTH = 32
 
 
 def parse_yaml(text: str, what: str) -> Any:
-    """``text`` as YAML (duplicate keys and alias bombs refused); errors name ``what`` it was."""
+    """``text`` as YAML (duplicate keys, alias bombs, self-containing values, deep nesting and keys that
+    are not names refused); errors name ``what`` it was."""
     try:
         return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 (a SafeLoader subclass)
     except _Refused as err:
@@ -439,19 +483,14 @@ def parse_yaml(text: str, what: str) -> Any:
     except yaml.YAMLError as err:
         problem = " ".join(str(err).split())
         raise ConfigError(f"{what}: not valid YAML ({problem[:300]}); quote a value that holds ': ' or braces") from err
+    except ValueError as err:  # a scalar its tag cannot hold: `!!int 0x`, a 2001-13-45 date, 5,000 digits
+        raise ConfigError(f"{what}: a value YAML cannot read ({str(err)[:200]}); quote it to give it as text") from err
 
 
 def read_yaml(path: Path, what: str = "config file") -> Any:
-    """A YAML file's content; a missing, unreadable or non-UTF-8 file is an error naming it."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as err:
-        raise ConfigError(f"{what} not found: {path.resolve()}") from err
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{what} {path}: not UTF-8 text (byte {err.start}); save it as UTF-8") from err
-    except OSError as err:
-        raise ConfigError(f"{what} {path}: cannot read it ({err.strerror})") from err
-    return parse_yaml(text, str(path))
+    """A YAML file's content, read through :func:`fedsim.reading.read_text` (a regular UTF-8 file of at most
+    ``CONFIG_BYTES``); anything else is an error naming it."""
+    return parse_yaml(read_text(path, what, CONFIG_BYTES), str(path))
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
@@ -465,8 +504,17 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     raw = apply_overrides(raw, overrides or [])
     cfg = parse_config(raw)
+    certs = cfg.deploy.certificates
+    paths = {"data.root": cfg.data.root, "output.dir": cfg.output.dir, "output.run_dir": cfg.output.run_dir or ""}
+    paths |= {f"deploy.certificates.{k}": v for k, v in (certs.model_dump() if certs else {}).items()}
+    for field, value in paths.items():
+        if "\0" in value:  # no system call takes one (Python: ValueError)
+            raise ConfigError(f"{field} = {brief(value)}: a path cannot hold a NUL character")
+        if field.startswith("output.") and value and (error := unusable(Path(value), field)):
+            raise error  # a file, a symlink loop: said before any work
     if cfg.data.root:
         cfg.data.root = resolve_path(cfg.data.root, path.parent)
+        check_source(package_path(cfg.data.root), "data.root")  # a FIFO or a device would hang or never end
     if cfg.deploy.certificates is not None:
         certs = cfg.deploy.certificates
         certs.ca, certs.cert, certs.key = (resolve_path(p, path.parent) for p in (certs.ca, certs.cert, certs.key))

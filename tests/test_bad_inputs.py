@@ -554,6 +554,7 @@ def _checkpointed_run(tmp: Path) -> None:
 
 def _tb_file(tmp: Path) -> None:
     (tmp / "rd").mkdir()
+    (tmp / "rd" / ".fedsim").write_text("run\n")  # fedsim's own directory (fedsim.ownership), a file in the way
     (tmp / "rd" / "tb").write_text("not a directory")
 
 
