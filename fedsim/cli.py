@@ -77,9 +77,13 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from fedsim.sweep import run_sweep
+    from fedsim.sweep import CellsFailed, run_sweep
 
-    out = run_sweep(args.sweep, args.parallel, overrides=args.set, output=args.output)
+    try:
+        out = run_sweep(args.sweep, args.parallel, overrides=args.set, output=args.output)
+    except CellsFailed as err:  # a valid sweep that ran, some of whose cells failed: 1, not bad input's 2
+        print(f"fedsim: error: {err}", file=sys.stderr)
+        return 1
     print(out)
     return 0
 
@@ -217,8 +221,9 @@ _python_show_warning = warnings.showwarning
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``fedsim`` command: its exit status is 0, 2 for bad input (one line on stderr), 130 on Ctrl-C
-    and 143 on SIGTERM (one line each, every process the command started stopped)."""
+    """The ``fedsim`` command: its exit status is 0, 2 for bad input (one line on stderr), 1 for a sweep
+    some of whose cells failed, 130 on Ctrl-C and 143 on SIGTERM (one line each, every process the
+    command started stopped)."""
     try:
         with sigterm_as_interrupt():  # from the first moment: start-up included, every engine after it
             args = build_parser().parse_args(argv)

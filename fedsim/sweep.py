@@ -21,9 +21,19 @@ A sweep file::
 Each run lands in ``<output>/<sweep name>/<cell name>/``. A run whose ``summary.json`` exists is
 skipped, so an interrupted sweep resumes where it stopped; one that finished with other settings
 (say a short ``--set train.rounds=20`` run where the full budget now goes) is an error, never
-silently taken for the cell. Every cell is validated before the first run starts. A run that
-diverges (:class:`~fedsim.errors.TrainingError`) does not stop the others; the sweep reports it
-at the end.
+silently taken for the cell.
+
+Bad cells: every cell's config is validated before the first run starts, and if any is invalid the
+sweep runs nothing and names each bad cell with its reason (exit status 2), so a typo in one cell
+does not cost the hours of the cells before it. A cell that fails while it runs (it diverges, its
+data cannot be read, a plugin raises, its process dies) is isolated: it is logged as failed with its
+reason and recorded in ``<sweep dir>/failed.json`` (cell name -> reason), the other cells run to
+the end, and the sweep then ends with :class:`CellsFailed` (exit status 1) naming the failed cells.
+
+A sweep has at most ``max_cells`` cells (1,000 unless the file raises it), counted before any is
+expanded: each cell's config is built and validated up front. Names are never paths: the sweep's
+``name`` is one directory name, and a cell's name (made of its overrides) longer than 200 characters
+is cut to 191 and ends with ``~`` and 8 hex digits of its full name's SHA-256.
 
 ``overrides`` (``fedsim sweep FILE --set key=value ...``) apply on top of the file's ``set`` to
 every cell, e.g. a short budget; they may not touch a key the grid, the cells or the axes vary.
@@ -31,8 +41,10 @@ every cell, e.g. a short budget; they may not touch a key the grid, the cells or
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -56,10 +68,14 @@ from pydantic import (
 
 from fedsim.config import RunConfig, format_validation_error, load_config, read_yaml
 from fedsim.engines.layout import choose_layout, usable_cores
-from fedsim.errors import ERROR_FILE_ENV, ConfigError, FedsimError, TrainingError
+from fedsim.errors import ERROR_FILE_ENV, ConfigError, FedsimError, TrainingError, brief
 from fedsim.experiment import resolve
 from fedsim.processes import die_with_parent, signals_ignored, sigterm_as_interrupt, stop_tree
-from fedsim.rundir import CHECKPOINT, NOT_LEARNING, SUMMARY, claimed, flatten, make_dir
+from fedsim.rundir import CHECKPOINT, NOT_LEARNING, SUMMARY, atomic_write, claimed, flatten, make_dir
+
+MAX_CELLS = 1_000  # each cell's config is built and validated before the first run (~2.5 ms and ~20 kB each)
+MAX_NAME = 200  # as a run's name (fedsim.config.RunConfig.name): a directory name, with room for suffixes
+FAILED = "failed.json"  # in the sweep directory: the cells that failed in the last sweep, and why
 
 
 class RaySweep(BaseModel):
@@ -86,6 +102,17 @@ class SweepFile(BaseModel):
     axes: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
     parallel: int = Field(1, ge=1)
     ray: RaySweep | None = Field(None, description="run cells as Ray tasks instead of local processes")
+    max_cells: int = Field(MAX_CELLS, ge=1, description="the most cells the sweep may have (raise it on purpose)")
+
+    @field_validator("name")
+    @classmethod
+    def _a_name_not_a_path(cls, name: str | None) -> str | None:
+        if name is not None and not _is_name(name):
+            raise ValueError(
+                f"name = {brief(name)}: the sweep's name is a directory name under output (or --output); give 1 "
+                f"to {MAX_NAME} characters without '/', '\\' or NUL, not '.' or '..' (put paths in output)"
+            )
+        return name
 
     @field_validator("grid", "axes")
     @classmethod
@@ -104,6 +131,10 @@ class SweepFile(BaseModel):
                 raise ValueError(f"{', '.join(both)} set by both {a} and {b}: set each key in one place")
         return self
 
+    def size(self) -> int:
+        """The number of cells, counted without expanding them."""
+        return math.prod(map(len, [self.cells or [{}], *self.axes.values(), *self.grid.values()]))
+
     def varied_keys(self) -> list[str]:
         """Every key the grid, the cells or the axes set, in order."""
         axes = (k for combos in self.axes.values() for c in combos for k in c)
@@ -114,7 +145,13 @@ def _override(key: str, value: Any) -> str:
     return f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
 
 
+def _is_name(name: str) -> bool:
+    """True if ``name`` is one directory name: never a path, never '.' or '..', never too long."""
+    return bool(name.strip()) and name not in (".", "..") and not set(name) & set("/\\\0") and len(name) <= MAX_NAME
+
+
 def cell_name(overrides: dict[str, Any]) -> str:
+    """The cell's directory name, made of its overrides: stable across sweeps, so a rerun finds its runs."""
     if not overrides:
         return "base"
     parts = []
@@ -126,7 +163,10 @@ def cell_name(overrides: dict[str, Any]) -> str:
         if leaf == "name" and parents:  # model.name: cnn -> model=cnn, not name=cnn
             leaf = parents[-1]
         parts.append(f"{leaf}={value}")
-    return ",".join(parts).replace("/", "_").replace(" ", "")
+    name = ",".join(parts).translate({ord("/"): "_", ord("\\"): "_", ord("\0"): "_", ord(" "): None})
+    if len(name) > MAX_NAME:  # a long swept value (a list of layer widths): still one name, still unique
+        name = f"{name[: MAX_NAME - 9]}~{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return name
 
 
 def expand(sweep: SweepFile) -> list[dict[str, Any]]:
@@ -172,7 +212,8 @@ def _check_overrides(overrides: Sequence[str], sweep: SweepFile) -> None:
 def plan(
     path: str | Path, overrides: Sequence[str] = (), output: str | Path | None = None
 ) -> tuple[Path, list[tuple[str, RunConfig]]]:
-    """The sweep directory and every (cell name, validated config); raises before anything runs.
+    """The sweep directory and every (cell name, validated config); raises before anything runs, naming
+    every invalid cell (see the module's docstring).
 
     ``overrides`` (``key.path=value``, as ``fedsim run --set``) apply to every cell after the
     file's ``set``; ``output`` replaces the file's ``output`` directory.
@@ -180,26 +221,48 @@ def plan(
     path = Path(path)
     sweep = read_sweep(path)
     _check_overrides(overrides, sweep)
+    if (size := sweep.size()) > sweep.max_cells:
+        raise ConfigError(
+            f"sweep file {path}: {size:,} cells (cells x axes x grid), more than max_cells = {sweep.max_cells:,}; "
+            f"each is validated before the first run: shrink the grid, or set max_cells: {size} in the file"
+        )
     base = path.parent / sweep.base
     name = sweep.name or path.stem
+    if not _is_name(name):  # a file's name (the default) may be too long for a directory's
+        raise ConfigError(f"sweep file {path}: its name {brief(name)} is not a directory name: set name: in the file")
     out = Path(output if output is not None else sweep.output) / name
     fixed = [*(_override(k, v) for k, v in sweep.set.items()), *overrides]
-    runs = []
+    runs, bad = [], {}
     for cell in expand(sweep):
         cname = cell_name(cell)
         try:
             cfg = load_config(base, [*fixed, *(_override(k, v) for k, v in cell.items())])
             resolve(cfg)  # every plugin and option, before the first run starts
-        except ConfigError as err:
-            raise ConfigError(f"sweep cell {cname}: {err}") from err
+        except FedsimError as err:
+            bad[cname] = str(err)
+            continue
         cfg.name = cname
         cfg.output.run_dir = str(out / cname)
         cfg.output.progress = False
         runs.append((cname, cfg))
+    refuse_bad_cells(bad, size)
     names = [n for n, _ in runs]
     if len(set(names)) != len(names):
         raise ConfigError("two sweep cells have the same overrides: remove the duplicate")
     return out, runs
+
+
+def refuse_bad_cells(bad: dict[str, str], size: int, shown: int = 5) -> None:
+    """Raise one error naming every bad cell (``name -> reason``), the reasons of the first ``shown``."""
+    if not bad:
+        return
+    if len(bad) == 1:
+        ((name, reason),) = bad.items()
+        raise ConfigError(f"sweep cell {name}: {reason}")
+    reasons = [f"cell {name}: {reason}" for name, reason in list(bad.items())[:shown]]
+    if len(bad) > shown:
+        reasons.append(f"and {', '.join(list(bad)[shown:])}")
+    raise ConfigError(f"{len(bad)} of {size} sweep cells are invalid, so none was run: " + "; ".join(reasons))
 
 
 def _leaves(tree: dict[str, Any]) -> dict[str, Any]:
@@ -295,26 +358,44 @@ class CellProcess:
                 preexec_fn=die_with_parent(),
             )  # fmt: skip
 
-    def outcome(self) -> tuple[dict[str, Any] | None, str | None, str | None]:
-        """``(summary, None, None)`` on success, else ``(None, error type, message)``."""
-        if self.proc.returncode == 0:
-            return json.loads((self.run_dir / SUMMARY).read_text()), None, None
-        if self.error_file.is_file():
-            error = json.loads(self.error_file.read_text())
-            return None, error["type"], error["message"]
+    def outcome(self) -> tuple[dict[str, Any] | None, str | None]:
+        """``(summary, None)`` on success, else ``(None, why it failed)``."""
+        try:
+            if self.proc.returncode == 0:
+                return json.loads((self.run_dir / SUMMARY).read_text()), None
+            if self.error_file.is_file():
+                return None, json.loads(self.error_file.read_text())["message"]
+        except (OSError, ValueError, KeyError, TypeError) as err:  # a process that ended half-way through writing
+            return None, f"exit status {self.proc.returncode}, and its result is unreadable: {err}"
         tail = self.log.read_text(errors="replace").strip().splitlines()[-5:]
-        return None, "crash", f"exit status {self.proc.returncode}: " + " | ".join(tail)
+        return None, f"exit status {self.proc.returncode}: " + " | ".join(tail)
+
+
+Done = Callable[[str, dict[str, Any]], None]  # a cell finished: its name and summary
+Failed = Callable[[str, str], None]  # a cell failed while it ran: its name and why
+
+
+def _why(err: BaseException) -> str:
+    """Why a cell failed: fedsim's own message, or the exception's type and message (a plugin's bug)."""
+    return str(err) if isinstance(err, FedsimError) else f"{type(err).__name__}: {err}"
+
+
+def _run_inline(todo: list[tuple[str, RunConfig, bool]], done: Done, failed: Failed) -> None:
+    """One cell after the other, in this process."""
+    for name, cfg, resume in todo:
+        try:
+            summary = _run_one(cfg.to_json(), resume)
+        except Exception as err:  # noqa: BLE001 (a cell's crash, a plugin's bug among them, is that cell's alone)
+            failed(name, _why(err))
+        else:
+            done(name, summary)
 
 
 def _run_processes(
-    todo: list[tuple[str, RunConfig, bool]],
-    parallel: int,
-    scratch: Path,
-    done: Callable[[str, dict[str, Any]], None],
-    diverged: Callable[[str, TrainingError], None],
+    todo: list[tuple[str, RunConfig, bool]], parallel: int, scratch: Path, done: Done, failed: Failed
 ) -> None:
-    """At most ``parallel`` cells at once, each a process; on Ctrl-C, SIGTERM or an error every running
-    cell is stopped (a stopped cell resumes from its last checkpoint at the next ``fedsim sweep``)."""
+    """At most ``parallel`` cells at once, each a process; on Ctrl-C or SIGTERM every running cell is
+    stopped (a stopped cell resumes from its last checkpoint at the next ``fedsim sweep``)."""
     pending, running = list(todo), []
     try:
         while pending or running:
@@ -323,13 +404,11 @@ def _run_processes(
             time.sleep(0.2)
             for cell in [c for c in running if c.proc.poll() is not None]:
                 running.remove(cell)
-                summary, kind, message = cell.outcome()
+                summary, why = cell.outcome()
                 if summary is not None:
                     done(cell.name, summary)
-                elif kind == "TrainingError":
-                    diverged(cell.name, TrainingError(message or ""))
                 else:
-                    raise FedsimError(f"sweep cell {cell.name}: {message}")
+                    failed(cell.name, why or "")
     finally:
         with signals_ignored():
             stop_tree({c.proc.pid for c in running})
@@ -341,8 +420,8 @@ def _run_on_ray(
     ray_cfg: RaySweep,
     todo: list[tuple[str, RunConfig, bool]],
     parallel: int,
-    done: Callable[[str, dict[str, Any]], None],
-    diverged: Callable[[str, TrainingError], None],
+    done: Done,
+    failed: Failed,
 ) -> None:
     """At most ``parallel`` runs in flight (each holding ``cpus_per_run`` / ``gpus_per_run``: Ray
     starts a run when a node has them free), reported as they finish."""
@@ -364,15 +443,22 @@ def _run_on_ray(
             (ref,), _ = ray.wait(list(names), num_returns=1)
             name = names.pop(ref)
             try:
-                done(name, ray.get(ref))
-            except ray.exceptions.RayTaskError as err:
-                if not isinstance(err.cause, TrainingError):
-                    raise err.cause from None  # bad data or config: as without Ray
-                diverged(name, err.cause)
+                summary = ray.get(ref)
+            except ray.exceptions.RayTaskError as err:  # what the run raised, as without Ray
+                failed(name, _why(err.cause))
+            except ray.exceptions.RayError as err:  # its worker died, or its node
+                failed(name, _why(err))
+            else:
+                done(name, summary)
     finally:
         for ref in names:
             ray.cancel(ref, force=True)
         ray.shutdown()
+
+
+class CellsFailed(TrainingError):
+    """Some cells of a sweep failed while they ran, and the others ran to the end (``fedsim sweep``
+    exits with status 1: the sweep itself was valid)."""
 
 
 def run_sweep(
@@ -384,43 +470,49 @@ def run_sweep(
 ) -> Path:
     """Run every unfinished cell of the sweep file ``path``; returns the sweep directory.
 
-    A cell that diverges is logged and the others go on; the sweep then raises
-    :class:`~fedsim.errors.TrainingError` naming the failed cells. Any other error stops it.
+    Raises before any run if a cell is invalid, naming each bad cell. A cell that fails while it runs
+    is logged and recorded in ``<sweep dir>/failed.json`` and the others go on; the sweep then raises
+    :class:`CellsFailed` naming the failed cells.
     """
     out, runs = plan(path, overrides, output)
     sweep = read_sweep(path)
     workers = parallel if parallel is not None else sweep.parallel
     if workers < 1:
         raise ConfigError(f"--parallel {workers}: give a number of runs at once >= 1")
-    states = {name: state_of(cfg) for name, cfg in runs}
+    states, bad = {}, {}
+    for name, cfg in runs:
+        try:
+            states[name] = state_of(cfg)
+        except ConfigError as err:
+            bad[name] = str(err)
+    refuse_bad_cells(bad, len(runs))
     todo = [(n, cell_layout(c, sweep, workers), states[n] == "resume") for n, c in runs if states[n] != "done"]
     resumed = sum(resume for _, _, resume in todo)
     to_resume = f", {resumed} to resume from their checkpoints" if resumed else ""
     log(f"sweep {out}: {len(runs)} runs, {len(runs) - len(todo)} already complete{to_resume}")
-    failed: list[str] = []
+    failures: dict[str, str] = {}
 
     def done(name: str, summary: dict[str, Any]) -> None:
         log(f"  {name}: client-mean acc {summary['final_client_mean_acc']}")
 
-    def diverged(name: str, err: TrainingError) -> None:
-        failed.append(name)
-        log(f"  {name}: failed: {err}")
+    def failed(name: str, why: str) -> None:
+        failures[name] = why
+        log(f"  {name}: failed: {why}")
+        atomic_write(out / FAILED, json.dumps(failures, indent=1).encode())  # now: a Ctrl-C may come next
 
     make_dir(out, "the sweep's output (--output or output: in the file)")
     with claimed_sweep(out), sigterm_as_interrupt():
+        (out / FAILED).unlink(missing_ok=True)  # the last sweep's: its failed cells run again now
         if sweep.ray is not None:
-            _run_on_ray(sweep.ray, todo, workers, done, diverged)
+            _run_on_ray(sweep.ray, todo, workers, done, failed)
         elif workers == 1:
-            for name, cfg, resume in todo:
-                try:
-                    done(name, _run_one(cfg.to_json(), resume))
-                except TrainingError as err:
-                    diverged(name, err)
+            _run_inline(todo, done, failed)
         else:
             with tempfile.TemporaryDirectory(prefix=".cells-", dir=out) as scratch:
-                _run_processes(todo, workers, Path(scratch), done, diverged)
-    if failed:
-        raise TrainingError(
-            f"{len(failed)} of {len(todo)} sweep runs failed (their metrics so far are in {out}): " + ", ".join(failed)
+                _run_processes(todo, workers, Path(scratch), done, failed)
+    if failures:
+        raise CellsFailed(
+            f"{len(failures)} of {len(todo)} sweep runs failed (why: {out / FAILED}; their metrics so far are in "
+            f"{out}): " + ", ".join(failures)
         )
     return out

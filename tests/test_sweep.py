@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import yaml
 
 from fedsim.cli import main
 from fedsim.report import write_report
-from fedsim.sweep import run_sweep
+from fedsim.sweep import cell_name, plan, run_sweep
 from tests.conftest import small_config, write_config
 
 
@@ -178,3 +179,118 @@ def test_stopping_a_sweep_stops_its_runs_and_a_rerun_resumes_them(tmp_path: Path
         rounds = [json.loads(x)["round"] for x in (cell / "metrics.jsonl").read_text().splitlines()]
         assert rounds == list(range(25, 151, 25))
         assert json.loads((cell / "summary.json").read_text())["resumed_from_round"] >= 10
+
+
+# -- bad cells, names, size: every check below runs before any training (cheap) --
+
+
+def one_line(err: str) -> str:
+    """The single line a refused command prints (fedsim: error: ...), asserted to be the only one."""
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fedsim: error: "), err[-2000:]
+    return lines[0]
+
+
+def test_invalid_cells_are_refused_together_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cells = [{"model.norm": "ln"}, {"model.norm": "nope"}, {"train.lr": -1}, {"model.norm": "none"}]
+    path = make_sweep(tmp_path, {}, cells=cells)
+    assert main(["sweep", str(path)]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("fedsim: error: 2 of 4 sweep cells are invalid, so none was run: cell norm=nope: ")
+    assert "unknown norms 'nope'" in line and "; cell lr=-1: train.lr" in line
+    assert not (tmp_path / "sweeps").exists()
+
+
+def failing_run(fail: dict[str, Exception]):  # type: ignore[no-untyped-def]
+    """A stand-in for a cell's run: raises ``fail[cell name]``, else a summary (no training needed)."""
+    ran: list[str] = []
+
+    def run_one(cfg_json: str, resume: bool = False) -> dict[str, float]:
+        name = json.loads(cfg_json)["name"]
+        ran.append(name)
+        if name in fail:
+            raise fail[name]
+        return {"final_client_mean_acc": 0.5}
+
+    return run_one, ran
+
+
+def test_a_cell_failing_while_it_runs_is_recorded_and_the_others_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedsim.errors import DataError
+
+    run_one, ran = failing_run(
+        {"seed=1": DataError("npz dataset x.npz: not a .npz archive"), "seed=2": RuntimeError("plugin bug")}
+    )
+    monkeypatch.setattr("fedsim.sweep._run_one", run_one)
+    path = make_sweep(tmp_path, {"seed": [0, 1, 2, 3]})
+    assert main(["sweep", str(path)]) == 1  # ran, some cells failed: not bad input's 2
+    out, err = capsys.readouterr()
+    assert ran == ["seed=0", "seed=1", "seed=2", "seed=3"]
+    sweep_dir = tmp_path / "sweeps" / "s"
+    assert one_line(err) == (
+        f"fedsim: error: 2 of 4 sweep runs failed (why: {sweep_dir}/failed.json; their metrics so far are in "
+        f"{sweep_dir}): seed=1, seed=2"
+    )
+    assert "  seed=1: failed: npz dataset x.npz: not a .npz archive\n  seed=2: failed: RuntimeError: plugin bug" in out
+    assert json.loads((sweep_dir / "failed.json").read_text()) == {
+        "seed=1": "npz dataset x.npz: not a .npz archive",
+        "seed=2": "RuntimeError: plugin bug",
+    }
+    monkeypatch.setattr("fedsim.sweep._run_one", failing_run({})[0])  # fixed: the next sweep clears the record
+    assert main(["sweep", str(path)]) == 0
+    assert not (sweep_dir / "failed.json").exists()
+
+
+@pytest.mark.slow
+def test_a_cell_failing_in_its_process_leaves_its_running_sibling_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cells = [{"strategy": "tests.plugins.raising_server:RaisingServer"}, {"strategy": "fedavg", "train.rounds": 30}]
+    path = make_sweep(tmp_path, {}, cells=cells, parallel=2)
+    assert main(["sweep", str(path)]) == 1
+    out, err = capsys.readouterr()
+    bad, good = (cell_name(c) for c in cells)
+    assert f"  {bad}: failed: " in out and "injected failure in round 1" in out
+    assert one_line(err).endswith(f"): {bad}")
+    sweep_dir = tmp_path / "sweeps" / "s"
+    assert json.loads((sweep_dir / good / "summary.json").read_text())["rounds"] == 30  # finished, not killed
+    assert list(json.loads((sweep_dir / "failed.json").read_text())) == [bad]
+
+
+@pytest.mark.parametrize(
+    "name", ["../../escape", "<absolute>", "..", "a/b", "x" * 201], ids=["up", "absolute", "dotdot", "slash", "long"]
+)
+def test_a_sweep_name_is_never_a_path(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    path = make_sweep(tmp_path, {"seed": [0]}, name=name.replace("<absolute>", str(elsewhere)))
+    assert main(["sweep", str(path)]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith(f"fedsim: error: sweep file {path}: name = ") and "is a directory name under output" in line
+    assert not (tmp_path / "sweeps").exists() and not (tmp_path.parent / "escape").exists()
+    assert not elsewhere.exists()
+
+
+def test_long_cell_names_are_cut_to_one_unique_directory_name(tmp_path: Path) -> None:
+    path = make_sweep(tmp_path, {"model.hidden": [[8] * 100, [8] * 101, [8] * 200]})
+    out, runs = plan(path)
+    names = [name for name, _ in runs]
+    assert [len(n) for n in names] == [200, 200, 200] and len(set(names)) == 3
+    assert names[0].startswith("hidden=[8,8,") and re.fullmatch(r"[^~]{191}~[0-9a-f]{8}", names[0])
+    assert [cfg.output.run_dir for _, cfg in runs] == [str(out / n) for n in names]
+    assert cell_name({"model.norm": "a\\b\0c d/e"}) == "norm=a_b_cd_e"
+
+
+def test_the_number_of_cells_is_bounded_before_they_are_built(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 3 x 1,001 cells, every one invalid: refused for its size at once, before any is built and validated
+    path = make_sweep(tmp_path, {"seed": list(range(1001)), "model.norm": ["no1", "no2", "no3"]})
+    assert main(["sweep", str(path)]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        f"fedsim: error: sweep file {path}: 3,003 cells (cells x axes x grid), more than max_cells = 1,000; each is "
+        "validated before the first run: shrink the grid, or set max_cells: 3003 in the file"
+    )
+    path = make_sweep(tmp_path, {"seed": [0, 1, 2]}, cells=[{"model.norm": "ln"}, {"model.norm": "none"}], max_cells=6)
+    assert len(plan(path)[1]) == 6  # raised on purpose, it lets them through
