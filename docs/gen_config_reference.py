@@ -81,7 +81,6 @@ NOTES: dict[str, str] = {
     "simulation.vmap_clients": "needs `train.local_steps` and a model without running statistics or noise (not "
     "`bn`, `ln_goldschmidt`, `ln_randomized`); for GPUs: on CPU it is slower (see [Speed](speed.md))",
     "output.run_dir": "refused if it holds a finished or resumable run",
-    "output.tensorboard": "also write TensorBoard events under `tb/`",
     "output.save_model": "save the final global model as `model.pt`",
     "output.progress": "partition table, progress bar, summary table (stderr)",
     "deploy.address": "one port for the Fleet, Control and Runtime APIs; see [Deployment](deployment.md)",

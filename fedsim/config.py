@@ -233,7 +233,12 @@ class SimulationConfig(_Strict):
 class OutputConfig(_Strict):
     dir: str = Field("runs", description="parent of the run directories")
     run_dir: str | None = Field(None, description="exact run directory (default <dir>/<name>-<time>)")
-    tensorboard: bool = False
+    trackers: list[PluginBlock] = Field(
+        default_factory=list,
+        description="experiment trackers that also get the config, every round's numbers and the run's files: "
+        "tensorboard, mlflow (pip install 'fedsim[mlflow]'), wandb (offline; pip install 'fedsim[wandb]'), or "
+        "package.module:Class (fedsim list trackers)",
+    )
     save_model: bool = True
     progress: bool = True
     checkpoint_every: int = Field(
@@ -242,6 +247,21 @@ class OutputConfig(_Strict):
         description="write checkpoint.pt (model, strategy and client state, RNG, metrics) every k rounds, "
         "for `fedsim run --resume RUN_DIR`; 0 = off",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tensorboard_flag(cls, value: Any) -> Any:
+        """The pre-0.2 ``output.tensorboard: true``, read as the tracker it now is, with a warning naming it;
+        ``false`` (in run directories written then) is dropped."""
+        if not isinstance(value, dict) or "tensorboard" not in value:
+            return value
+        value = dict(value)
+        if value.pop("tensorboard") is True:
+            trackers = value.get("trackers") or []
+            value["trackers"] = [*trackers, "tensorboard"] if isinstance(trackers, list) else trackers
+            warnings.warn("output.tensorboard is deprecated and will be removed: write output.trackers: [tensorboard]",
+                          DeprecatedConfig, stacklevel=2)  # fmt: skip
+        return value
 
 
 class CertificatesConfig(_Strict):

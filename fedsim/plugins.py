@@ -12,6 +12,7 @@ from fedsim.norms import NORMS
 from fedsim.partitions import PARTITIONERS
 from fedsim.registry import Registry
 from fedsim.strategies import STRATEGIES
+from fedsim.trackers import TRACKERS
 
 ALL_REGISTRIES: dict[str, Registry[Any]] = {
     "strategies": STRATEGIES,
@@ -19,6 +20,7 @@ ALL_REGISTRIES: dict[str, Registry[Any]] = {
     "models": MODELS,
     "datasets": DATASETS,
     "partitions": PARTITIONERS,
+    "trackers": TRACKERS,
 }
 
 
@@ -28,7 +30,7 @@ def _options(obj: Any) -> str:
         return ""
     parts = []
     for name, field in params.model_fields.items():
-        default = "required" if field.is_required() else repr(field.default)
+        default = "required" if field.is_required() else repr(field.get_default(call_default_factory=True))
         parts.append(f"{name}={default}")
     return "  options: " + ", ".join(parts)
 

@@ -26,7 +26,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -174,19 +174,19 @@ def claimed(path: Path, resume: bool = False, field: str = "output.run_dir", own
 
 
 class RunDir:
-    def __init__(self, path: str | Path, tensorboard: bool = False) -> None:
+    """A run's directory as the run writes it. ``trackers`` (:func:`fedsim.trackers.open_trackers` for the
+    directory once made) get what it gets: its config, every metrics line, and at :meth:`close` its files."""
+
+    def __init__(self, path: str | Path, trackers: Callable[[Path], Any] | None = None) -> None:
         self.path = Path(path)
         make_dir(self.path)
-        self._tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            make_dir(self.path / "tb", "output.tensorboard (its tb/ directory)")
-            self._tb = SummaryWriter(str(self.path / "tb"))
+        self.trackers = trackers(self.path) if trackers is not None else None
 
     def write_config(self, cfg: RunConfig) -> None:
-        text = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
-        atomic_write(self.path / "config.yaml", text.encode())
+        tree = cfg.model_dump(mode="json")
+        atomic_write(self.path / "config.yaml", yaml.safe_dump(tree, sort_keys=False).encode())
+        if self.trackers is not None:
+            self.trackers.log_config(flatten(tree))
 
     def write_partition(self, train_counts: np.ndarray, test_counts: np.ndarray, classes: list[str]) -> None:
         lines = ["split,client," + ",".join(classes) + ",total"]
@@ -214,11 +214,8 @@ class RunDir:
             raise unwritten(path, err) from err
         finally:
             os.close(fd)
-        if self._tb is not None:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key != "round":
-                    self._tb.add_scalar(key, value, record["round"])
-            self._tb.flush()
+        if self.trackers is not None:
+            self.trackers.log_metrics(record)
 
     def read_metrics(self) -> list[dict[str, Any]]:
         return read_metrics(self.path)
@@ -242,8 +239,10 @@ class RunDir:
         atomic_write(self.path / SUMMARY, (json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n").encode())
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        """The trackers get the run's files and are closed (once, however the run ended)."""
+        if self.trackers is not None:
+            self.trackers.close()
+            self.trackers = None
 
 
 class _Written(BaseModel):

@@ -20,6 +20,7 @@ from fedsim.federation import Federation
 from fedsim.models import FedsimModel
 from fedsim.rundir import check_fresh, claimed, make_dir
 from fedsim.server.strategy import ServerSetup, check_strategy
+from fedsim.trackers import resolve_trackers
 
 # Flower must stay offline and quiet: no telemetry, no update check
 OFFLINE_ENV = {
@@ -53,6 +54,7 @@ def plan(cfg: RunConfig, resume: bool = False) -> Experiment:
     if cfg.output.run_dir and not resume:
         check_fresh(Path(cfg.output.run_dir).resolve())
     check_device(cfg)
+    resolve_trackers(cfg.output.trackers)  # an unknown tracker or a missing extra: before any data loads
     check_ray_address(cfg)  # a few seconds' check, before minutes of data loading
     check_sizes(cfg, experiment.federation())  # bad data fails here, before any process or directory is made
     model = check_halves(experiment)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,6 +22,16 @@ def _offline_flower(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
     monkeypatch.setenv("FLWR_DISABLE_UPDATE_CHECK", "1")
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """torch on one thread for the test (runs in the test's own process compare numbers bit for bit, and
+    the sum order of torch's kernels depends on its thread count), then as it was."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
@@ -57,6 +70,12 @@ def write_config(tmp_path: Path, cfg: dict[str, Any], name: str = "cfg.yaml") ->
     path = tmp_path / name
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``pytest -m fuzz``: the fuzzer's long run (tests/test_fuzz.py reads this when it is imported)."""
+    if "fuzz" in (config.option.markexpr or ""):
+        os.environ["FEDSIM_FUZZ_LONG"] = "1"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

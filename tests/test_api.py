@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from flwr.app import ArrayRecord
 
 import fedsim
@@ -17,13 +16,7 @@ from fedsim.config import RunConfig
 from fedsim.server.reporter import RoundReporter
 from tests.conftest import small_config, write_config
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def lines(run_dir: Path) -> list[dict[str, Any]]:

@@ -110,11 +110,16 @@ CASES: dict[str, Case] = {
     "run-dir-unmakeable": run("output.run_dir=/proc/fedsim-x", expect=("output.run_dir", "cannot create")),
     "tensorboard-dir-is-a-file": run(
         "output.run_dir={tmp}/rd",
-        "output.tensorboard=true",
-        expect=("output.tensorboard", "is a file"),
+        "output.trackers=[tensorboard]",
+        expect=("output.trackers (tensorboard's tb/ directory)", "is a file"),
         setup="tb_file",
         creates=True,
     ),  # fmt: skip
+    "tracker-unknown": run("output.trackers=[mlfow]", expect=("output.trackers[0].name", "unknown trackers 'mlfow'")),
+    "tracker-option-unknown": run(
+        "output.trackers=[{name: mlflow, uri: x}]", expect=("output.trackers[0].uri: unknown key", "tracking_uri"),
+    ),
+    "trackers-not-a-list": run("output.trackers=mlflow", expect=("output.trackers", "valid list")),
     "run-dir-finished": run("output.run_dir={tmp}/rd", expect=("holds a finished run",), setup="finished_run"),
     "run-dir-resumable": run("output.run_dir={tmp}/rd", expect=("fedsim run --resume",), setup="checkpointed_run"),
     "progress-not-bool": run("output.progress=maybe", expect=("output.progress", "valid boolean")),

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,16 +139,6 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path: Path, case: s
 )
 def test_resume_restores_client_state_under_other_engines(tmp_path: Path, engine: dict[str, Any]) -> None:
     check_resume(tmp_path, stateful=True, **SCAFFOLD, **engine)
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """The initial gradient norms are computed before any client runs, with torch's thread count as the
-    process has it, which the first inline client sets (simulation.threads): the same for both runs here."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.usefixtures("one_thread")

@@ -22,7 +22,7 @@ from tests.conftest import CIFAR_Q75, REPO, small_config, write_config
 
 
 def test_run_directory_contents(tmp_path: Path) -> None:
-    cfg = parse_config(small_config(tmp_path, output={"tensorboard": True}, train={"rounds": 5}))
+    cfg = parse_config(small_config(tmp_path, output={"trackers": ["tensorboard"]}, train={"rounds": 5}))
     summary = run(cfg)
     run_dir = Path(summary["run_dir"])
     assert run_dir.parent == tmp_path / "runs" and run_dir.name.startswith("t-")

@@ -36,6 +36,7 @@ from fedsim.server.replies import divergence, good_replies, missing_replies
 from fedsim.server.reporter import ClientScore, RoundReporter
 from fedsim.server.sampling import ClientSampler, EvalCadence
 from fedsim.server.strategy import ServerSetup, check_strategy
+from fedsim.trackers import open_trackers
 
 
 class RoundLoop:
@@ -158,9 +159,19 @@ def run_server(grid: Grid, experiment: Experiment, resume: bool = False) -> dict
     # The server's own evaluation sums in an order that depends on torch's thread count: fix it, so
     # the numbers do not depend on what ran before in this process (a test session, a sweep)
     torch.set_num_threads(torch_threads(cfg.simulation))
+    out = RunDir(
+        cfg.output.run_dir or default_run_dir(cfg), lambda path: open_trackers(cfg.output.trackers, path, cfg.name)
+    )
+    try:
+        return _run_rounds(grid, experiment, out, resume)
+    finally:
+        out.close()  # its trackers get the run's files and are closed, however the run ended
+
+
+def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool) -> dict[str, Any]:
+    cfg = experiment.config
     fed = experiment.federation()
     data_sha256 = fingerprint(fed.dataset)
-    out = RunDir(cfg.output.run_dir or default_run_dir(cfg), cfg.output.tensorboard)
     resumed = Checkpoint.load(out.path, cfg, data_sha256) if resume else None
     out.write_config(cfg)
     if resumed is not None:
@@ -203,7 +214,6 @@ def run_server(grid: Grid, experiment: Experiment, resume: bool = False) -> dict
     if cfg.output.save_model:
         summary[MODEL_CHECKSUM] = out.save_model(arrays.to_torch_state_dict())
     checkpoints.finish()
-    out.close()
     out.write_summary(summary)  # last: a finished summary means a finished run directory
     if cfg.output.progress:
         console.print(summary_table(summary))
