@@ -303,7 +303,7 @@ def tmp_port(run_dir: Path) -> int:
 
 
 def test_flwr_run_dot_runs_the_repository_as_a_flower_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the README says: SuperLink + SuperNodes, then `flwr run . <superlink> --run-config config=...`."""
+    """What docs/deployment.md says: SuperLink + SuperNodes, then `flwr run . <superlink> --run-config config=...`."""
     from fedsim.config import load_config
     from fedsim.deploy.launcher import LocalDeployment
     from fedsim.deploy.topology import CONNECTION

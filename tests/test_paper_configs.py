@@ -233,7 +233,7 @@ def test_a_diverged_cell_does_not_stop_the_sweep(tmp_path: Path, monkeypatch: py
 
 def test_a_paper_cell_reruns_to_identical_numbers(tmp_path: Path) -> None:
     """One cell of Table 10 (SCAFFOLD: client state across rounds), shrunk to MNIST and 2 rounds, run by
-    the sweep's planner and then again in a fresh process with the README's rerun command."""
+    the sweep's planner and then again in a fresh process with docs/paper.md's rerun command."""
     shrink = ["train.rounds=2", "eval.every=1", "data.dataset=npz", f"data.root={MNIST_SMALL}", *INLINE]
     _, cells = plan(PAPER / "table10_local_steps.yaml", shrink, output=tmp_path)
     cfg = dict(cells)["strategy=scaffold,norm=none,local_steps=1,partition=dirichlet+beta=0.1"]
