@@ -1,7 +1,7 @@
 """A wheelhouse for building fedsim's image without network: one wheel per distribution that the
 installed fedsim needs, at exactly the installed version.
 
-    python3 docker/wheelhouse.py docker/wheels          # then: docker build ... (see README, Deployment)
+    python3 docker/wheelhouse.py docker/wheels          # then: docker build ... (see docs/deployment.md)
 
 Run it where fedsim and its dependencies are installed (the versions you tested with) and a package
 index is reachable; copy ``docker/wheels`` with the repository to the air-gapped host. The Dockerfile
@@ -12,7 +12,7 @@ PyPI's torch is a CUDA build: its ``nvidia-*`` libraries (2.5 GB of wheels) come
 ``libtorch_cuda.so`` links against them and ``import torch`` fails without them, on a CPU too. Only
 ``triton`` (torch.compile's GPU kernels, never imported by a fedsim run) is left out unless
 ``--triton`` is given; the container test trains the quickstart in an image built without it.
-For a smaller image build on an index with CPU wheels instead (README, Deployment).
+For a smaller image build on an index with CPU wheels instead (docs/deployment.md).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from fedsim.errors import FedsimError
+from fedsim.reading import GIB, check_file
 
 
 def _feed(h: Any, value: Any) -> None:
@@ -47,9 +48,15 @@ def digest(value: Any) -> str:
     return h.hexdigest()
 
 
+TORCH_BYTES = 64 * GIB  # a checkpoint or model fedsim wrote: far above any the paper's models make
+
+
 def read_torch(path: Path, what: str) -> Any:
     """``torch.load`` of a file fedsim wrote (tensors and plain types only); a truncated or foreign file
-    is one line naming it and ``what`` it should be, not a pickle traceback."""
+    is one line naming it and ``what`` it should be, not a pickle traceback; a FIFO or a device is refused
+    unread (torch.load would wait on it forever)."""
+    if path.exists():  # a missing file stays FileNotFoundError: its callers say which run lacks it
+        check_file(path, what, TORCH_BYTES, FedsimError)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:

@@ -18,7 +18,7 @@ from fedsim.errors import ConfigError
 from fedsim.experiment import Experiment, build_server, resolve
 from fedsim.federation import Federation
 from fedsim.models import FedsimModel
-from fedsim.rundir import check_fresh, claimed, make_dir
+from fedsim.rundir import check_fresh, claimed, make_dir, resolved
 from fedsim.server.strategy import ServerSetup, check_strategy
 from fedsim.trackers import resolve_trackers
 
@@ -52,7 +52,7 @@ def plan(cfg: RunConfig, resume: bool = False) -> Experiment:
     cfg = choose_layout(cfg.model_copy(deep=True))  # before the Ray address check, which reads the backend
     experiment = resolve(cfg)
     if cfg.output.run_dir and not resume:
-        check_fresh(Path(cfg.output.run_dir).resolve())
+        check_fresh(resolved(Path(cfg.output.run_dir), "output.run_dir"))
     check_device(cfg)
     resolve_trackers(cfg.output.trackers)  # an unknown tracker or a missing extra: before any data loads
     check_ray_address(cfg)  # a few seconds' check, before minutes of data loading

@@ -193,3 +193,20 @@ def test_report_into_a_directory_it_cannot_write_is_one_line(
         f"cannot write {tmp_path / 'results.csv'}: Permission denied; what was written before it is kept"
     )
     assert not [p.name for p in tmp_path.iterdir() if p.name != "r"]  # no results, no temp file
+
+
+def test_a_model_or_checkpoint_that_is_a_fifo_is_refused_unread(tmp_path: Path) -> None:
+    """torch.load waited on a FIFO forever (fedsim local on a run whose model.pt is one; a checkpoint)."""
+    from fedsim.errors import FedsimError
+    from fedsim.integrity import read_torch
+
+    with pytest.raises(FedsimError, match=r"model .*fifo.pt: a FIFO \(named pipe\), not a regular file"):
+        read_torch(make_fifo(tmp_path / "fifo.pt"), "model")
+    with pytest.raises(FileNotFoundError):  # a missing file stays for its caller to name the run
+        read_torch(tmp_path / "missing.pt", "model")
+
+
+def test_resume_through_a_symlink_loop_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    assert "--resume" in one_line(["run", "--resume", str(tmp_path / "a")], capsys)

@@ -1,6 +1,6 @@
 """The default worker layout: ``simulation.backend: auto`` and ``simulation.threads: auto`` made concrete.
 
-Measured at the paper setting on 2 cores (README, Speed; ``benchmarks/round_overhead.py``): inline with
+Measured at the paper setting on 2 cores (docs/speed.md; ``benchmarks/round_overhead.py``): inline with
 one thread is 1.9x the compute floor, inline with both threads and the Ray pool of one-thread workers
 are both within 6% of it on a quiet machine, and beside two busy processes the pool is the fastest
 layout by far (2.9 s per round against 6.0 s inline with both threads: intra-op threads wait for each

@@ -38,7 +38,17 @@ from fedsim.config import RunConfig, parse_config, read_yaml
 from fedsim.data.fingerprint import DATA_FINGERPRINT, check_same_data
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.integrity import digest, read_torch, verify
-from fedsim.rundir import CHECKPOINT, CLIENT_STATE, NOT_LEARNING, SUMMARY, RunDir, flatten, temp_name, unwritten
+from fedsim.rundir import (
+    CHECKPOINT,
+    CLIENT_STATE,
+    NOT_LEARNING,
+    SUMMARY,
+    RunDir,
+    flatten,
+    resolved,
+    temp_name,
+    unwritten,
+)  # fmt: skip
 from fedsim.server.replies import missing_replies
 
 # --- the server's checkpoint file ----------------------------------------------------------------
@@ -151,7 +161,7 @@ class Checkpoint:
 
 def resume_config(run_dir: str | Path) -> RunConfig:
     """The config of an unfinished run that has a checkpoint; errors say why a run cannot resume."""
-    path = Path(run_dir).resolve()
+    path = resolved(Path(run_dir), "--resume")
     config_path = path / "config.yaml"
     if not config_path.is_file():
         raise ConfigError(f"{path}: not a run directory (no config.yaml)")
