@@ -23,9 +23,10 @@ skipped, so an interrupted sweep resumes where it stopped; one that finished wit
 (say a short ``--set train.rounds=20`` run where the full budget now goes) is an error, never
 silently taken for the cell.
 
-Bad cells: every cell's config is validated before the first run starts, and if any is invalid the
-sweep runs nothing and names each bad cell with its reason (exit status 2), so a typo in one cell
-does not cost the hours of the cells before it. A cell that fails while it runs (it diverges, its
+Bad cells: every cell's config is validated before the first run starts, and each distinct dataset
+read once (not on a Ray cluster, whose nodes hold their own); if any cell is invalid the sweep runs
+nothing and names each bad cell with its reason (exit status 2), so a typo in one cell does not cost
+the hours of the cells before it. A cell that fails while it runs (it diverges, its
 data cannot be read, a plugin raises, its process dies) is isolated: it is logged as failed with its
 reason and recorded in ``<sweep dir>/failed.json`` (cell name -> reason), the other cells run to
 the end, and the sweep then ends with :class:`CellsFailed` (exit status 1) naming the failed cells.
@@ -78,10 +79,14 @@ MAX_NAME = 200  # as a run's name (fedsim.config.RunConfig.name): a directory na
 FAILED = "failed.json"  # in the sweep directory: the cells that failed in the last sweep, and why
 
 
+# as a run config's sections: no unknown key, no boolean or text as a number (`parallel: true` is not 1), no inf
+SWEEP_FILE = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
 class RaySweep(BaseModel):
     """Run the cells as Ray tasks: on this machine, or spread over a running cluster."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = SWEEP_FILE
 
     address: str | None = Field(
         None, pattern=r"^(auto|(ray://)?\S+:\d+)$", description="a running cluster; none: a Ray instance here"
@@ -91,7 +96,7 @@ class RaySweep(BaseModel):
 
 
 class SweepFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = SWEEP_FILE
 
     base: str = Field(description="the base run config, relative to the sweep file")
     name: str | None = None
@@ -259,10 +264,33 @@ def refuse_bad_cells(bad: dict[str, str], size: int, shown: int = 5) -> None:
     if len(bad) == 1:
         ((name, reason),) = bad.items()
         raise ConfigError(f"sweep cell {name}: {reason}")
+    if len(bad) == size and len(set(bad.values())) == 1:  # the sweep's own problem (its data), not a cell's
+        raise ConfigError(f"{next(iter(bad.values()))} (every cell of the sweep)")
     reasons = [f"cell {name}: {reason}" for name, reason in list(bad.items())[:shown]]
     if len(bad) > shown:
         reasons.append(f"and {', '.join(list(bad)[shown:])}")
     raise ConfigError(f"{len(bad)} of {size} sweep cells are invalid, so none was run: " + "; ".join(reasons))
+
+
+def check_data(runs: list[tuple[str, RunConfig]]) -> dict[str, str]:
+    """The cells whose dataset cannot be read here, and why: each distinct dataset read once, before any
+    run (data that is missing or corrupt would otherwise fail every cell in turn)."""
+    from fedsim.data.base import data_source, read_dataset
+
+    why: dict[str, str | None] = {}
+    bad = {}
+    for name, cfg in runs:
+        d = cfg.data
+        key = d.model_dump_json()
+        if key not in why:
+            try:
+                read_dataset(resolve(cfg).loader, data_source(d.root, d.download, d.cache_dir), d.dataset.name)
+                why[key] = None
+            except FedsimError as err:
+                why[key] = str(err)
+        if (reason := why[key]) is not None:
+            bad[name] = reason
+    return bad
 
 
 def _leaves(tree: dict[str, Any]) -> dict[str, Any]:
@@ -485,6 +513,8 @@ def run_sweep(
             states[name] = state_of(cfg)
         except ConfigError as err:
             bad[name] = str(err)
+    if not bad and (sweep.ray is None or sweep.ray.address is None):  # a cluster's nodes hold its own data
+        bad = check_data([(n, c) for n, c in runs if states[n] != "done"])
     refuse_bad_cells(bad, len(runs))
     todo = [(n, cell_layout(c, sweep, workers), states[n] == "resume") for n, c in runs if states[n] != "done"]
     resumed = sum(resume for _, _, resume in todo)

@@ -17,7 +17,7 @@ import yaml
 from fedsim.cli import main
 from fedsim.report import write_report
 from fedsim.sweep import cell_name, plan, run_sweep
-from tests.conftest import small_config, write_config
+from tests.conftest import MNIST_SMALL, small_config, write_config
 
 
 def make_sweep(tmp_path: Path, grid: dict, **extra) -> Path:  # type: ignore[no-untyped-def]
@@ -294,3 +294,33 @@ def test_the_number_of_cells_is_bounded_before_they_are_built(
     )
     path = make_sweep(tmp_path, {"seed": [0, 1, 2]}, cells=[{"model.norm": "ln"}, {"model.norm": "none"}], max_cells=6)
     assert len(plan(path)[1]) == 6  # raised on purpose, it lets them through
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ({"parallel": True}, "parallel"),
+        ({"parallel": "2"}, "parallel"),
+        ({"ray": {"cpus_per_run": float("inf")}}, "ray.cpus_per_run"),
+    ],
+    ids=["boolean", "text", "inf"],
+)
+def test_sweep_numbers_are_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra, fragment) -> None:  # type: ignore[no-untyped-def]
+    path = make_sweep(tmp_path, {"seed": [0]}, **extra)
+    assert main(["sweep", str(path)]) == 2
+    assert one_line(capsys.readouterr().err).startswith(f"fedsim: error: sweep file {path}: {fragment}")
+    assert not (tmp_path / "sweeps").exists()
+
+
+def test_unreadable_data_is_refused_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not an archive")
+    path = make_sweep(tmp_path, {"seed": [0, 1]}, set={"data.root": str(bad)})
+    assert main(["sweep", str(path)]) == 2  # read once for the sweep, not failing every cell in turn
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith(f"fedsim: error: npz dataset {bad}: ") and line.endswith(" (every cell of the sweep)")
+    path = make_sweep(tmp_path, {}, cells=[{"data.root": str(bad)}, {"data.root": str(MNIST_SMALL)}])
+    assert main(["sweep", str(path)]) == 2
+    bad_cell = cell_name({"data.root": str(bad)})
+    assert one_line(capsys.readouterr().err).startswith(f"fedsim: error: sweep cell {bad_cell}: npz dataset {bad}: ")
+    assert not (tmp_path / "sweeps").exists()
