@@ -254,6 +254,9 @@ def signals_deferred(wind_down: Callable[[], None]) -> Iterator[None]:
     For code that cannot be interrupted at an arbitrary point: Flower's simulation, stopped in its main
     thread, shuts Ray down under its own worker threads, which then wait forever.
     """
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread alone
+        yield
+        return
     caught: list[int] = []
 
     def handler(signum: int, frame: object) -> None:
