@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 # only light modules here: main() takes SIGTERM over before the heavy ones load (pydantic, torch, Ray)
-from fedsim.errors import ERROR_FILE_ENV, ChildExit, ConfigError, FedsimError
+from fedsim.errors import DEBUG_ENV, ERROR_FILE_ENV, ChildExit, ConfigError, FedsimError
 from fedsim.processes import sigterm_as_interrupt, sigterm_raised
 
 
@@ -125,6 +125,10 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fedsim", description="Federated learning on label-skewed data.")
+    parser.add_argument(
+        "--debug", action="store_true",
+        help=f"a plugin's exception with its traceback, in this process and those it starts ({DEBUG_ENV}=1)",
+    )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run one experiment from a YAML config")
     run.add_argument("config", nargs="?", help="path to the YAML config")
@@ -227,10 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sigterm_as_interrupt():  # from the first moment: start-up included, every engine after it
             args = build_parser().parse_args(argv)
+            if args.debug:
+                os.environ[DEBUG_ENV] = "1"
             warnings.showwarning = _show_warning
             return args.func(args)
     except ChildExit as err:  # the fedsim process it ran has said why
         return err.code
+    except BrokenPipeError:  # its output went to a reader that stopped reading (fedsim list | head)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that Python's exit flush is quiet
+        return 128 + signal.SIGPIPE
     except FedsimError as err:
         print(f"fedsim: error: {err}", file=sys.stderr)
         if path := os.environ.get(ERROR_FILE_ENV):

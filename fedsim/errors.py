@@ -1,8 +1,11 @@
 """fedsim's error hierarchy: every user-facing failure is one of these, caught by the CLI."""
 
 # Where the ``fedsim`` command records the type and message of the error it stops with, when set (how
-# ``fedsim sweep`` tells a cell that diverged from one that cannot run)
+# ``fedsim sweep`` learns why a cell's process failed)
 ERROR_FILE_ENV = "FEDSIM_ERROR_FILE"
+# Set (``fedsim --debug``, or by hand; inherited by every process fedsim starts): a plugin's exception goes
+# up with its traceback instead of one line naming the plugin and its method
+DEBUG_ENV = "FEDSIM_DEBUG"
 
 
 def brief(value: object, limit: int = 80) -> str:

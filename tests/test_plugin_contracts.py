@@ -4,6 +4,7 @@ naming the plugin, the hook and what is wrong; no model.pt is written from a bro
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,8 @@ from flwr.app import Array, ArrayRecord
 
 from fedsim.arrays import to_array_record
 from fedsim.cli import main
-from fedsim.server.contract import DEBUG_ENV, model_mismatch, shapes_of
+from fedsim.errors import DEBUG_ENV
+from fedsim.server.contract import model_mismatch, shapes_of
 from tests.conftest import small_config, write_config
 
 PLUGIN = "tests.plugins.broken_aggregation:BrokenAggregation"
@@ -50,10 +52,11 @@ def test_a_broken_strategy_is_one_line_naming_plugin_and_hook(
 
 
 def test_the_debug_switch_lets_the_traceback_through(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(DEBUG_ENV, "1")
+    monkeypatch.setenv(DEBUG_ENV, "")  # fedsim --debug sets it for the processes it starts; undone after the test
     raw = small_config(tmp_path, strategy={"name": PLUGIN, "breaks": "raises"}, train={"rounds": 1, "local_steps": 1})
     with pytest.raises(ValueError, match="the replies disagree"):
-        main(["run", str(write_config(tmp_path, raw))])
+        main(["--debug", "run", str(write_config(tmp_path, raw))])
+    assert os.environ[DEBUG_ENV] == "1"
 
 
 MODEL = to_array_record({"w": torch.zeros(2, 3), "b": torch.zeros(3), "n": torch.zeros((), dtype=torch.int64)})

@@ -4,6 +4,7 @@ ends, SIGKILL included (Ray's agents once lived on for a minute under PID 1)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -95,3 +96,16 @@ def test_a_run_on_ray_stopped_mid_way_leaves_nothing_running(
     while (left := {p for p in seen if alive(p)}) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, [cmdline(pid).split(b"\0")[0] for pid, _ in left]
+
+
+def test_output_to_a_reader_that_stopped_is_quiet() -> None:
+    """``fedsim list | head -1``: SIGPIPE's status (141), no BrokenPipeError traceback. The pipe's reader is
+    gone before fedsim writes anything, so the first write fails on any machine, however fast."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        res = subprocess.run([sys.executable, "-m", "fedsim.cli", "list"], cwd=REPO, stdout=write_end,
+                             stderr=subprocess.PIPE, timeout=60)  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert (res.returncode, res.stderr) == (128 + signal.SIGPIPE, b"")

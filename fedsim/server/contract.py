@@ -20,10 +20,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fedsim.errors import ConfigError, FedsimError
+from fedsim.errors import DEBUG_ENV, ConfigError, FedsimError
 from fedsim.server.strategy import Checkpointable
-
-DEBUG_ENV = "FEDSIM_DEBUG"  # set (to anything but ""): a plugin's exception goes up with its traceback
 
 T = TypeVar("T")
 Shapes = dict[str, tuple[tuple[int, ...], np.dtype]]  # tensor name -> (shape, dtype)
