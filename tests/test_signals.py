@@ -67,14 +67,16 @@ def test_sigterm_during_start_up_is_one_line_and_143(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()  # still starting: nothing was written
 
 
+# SIGTERM on Flower's runtime (which once hung) and SIGKILL on the Ray pool (only the watchdog can stop Ray's
+# agents then); SIGTERM on the Ray pool takes the same path as on Flower's runtime (fedsim.cli, handlers_kept),
+# and is left out for the suite's time
 @pytest.mark.parametrize(
     ("engine", "sig", "clients"),
     [
-        ({"simulation": {"backend": "ray", "threads": 1}}, signal.SIGTERM, "ray::_Worker"),
         ({"simulation": {"backend": "ray", "threads": 1}}, signal.SIGKILL, "ray::_Worker"),
         ({"engine": "flower"}, signal.SIGTERM, "ray::ClientAppActor"),
     ],
-    ids=["ray-pool-sigterm", "ray-pool-sigkill", "flower-sigterm"],
+    ids=["ray-pool-sigkill", "flower-sigterm"],
 )
 @pytest.mark.slow
 def test_a_run_on_ray_stopped_mid_way_leaves_nothing_running(
