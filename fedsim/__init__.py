@@ -5,7 +5,7 @@ From Python::
     import fedsim
 
     result = fedsim.run("configs/quickstart.yaml", ["train.rounds=5"])
-    result.summary["final_client_mean_acc"], result.metrics()
+    result.summary["final_client_mean_acc"], result.metrics
 
 :mod:`fedsim.api` has the whole public API; its names are imported here on first use, so that
 ``import fedsim`` (and every ``fedsim`` command, which imports this package) stays instant.

@@ -13,7 +13,6 @@ import copy
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,34 +28,32 @@ ConfigLike = str | os.PathLike[str] | Mapping[str, Any] | RunConfig
 
 @dataclass(frozen=True)
 class Run:
-    """A run directory read back: what ``fedsim run`` wrote there (read when first asked for)."""
+    """A run directory read back: what ``fedsim run`` wrote there, read afresh at each access (a run that is
+    still going shows its latest rounds)."""
 
     dir: Path
-
-    @cached_property
-    def _read(self) -> dict[str, Any]:
-        return read_run(self.dir)
 
     @property
     def config(self) -> dict[str, Any]:
         """The run's config, flattened: ``{"train.rounds": 200, "model.norm.name": "ln", ...}``."""
-        return self._read["config"]
+        return read_run(self.dir)["config"]
 
     @property
     def summary(self) -> dict[str, Any] | None:
         """``summary.json``: final and best accuracies, rounds, time; ``None`` while the run is unfinished."""
-        return self._read["summary"]
+        return read_run(self.dir)["summary"]
 
     @property
     def finished(self) -> bool:
         return self.summary is not None
 
+    @property
     def metrics(self) -> pd.DataFrame:
         """``metrics.jsonl`` as a DataFrame, one row per evaluated round, indexed by ``round``. Per-client
         and per-class lists stay lists in their cells."""
         import pandas as pd
 
-        return pd.DataFrame.from_records(self._read["metrics"]).set_index("round", drop=False)
+        return pd.DataFrame.from_records(read_run(self.dir)["metrics"]).set_index("round", drop=False)
 
 
 @dataclass(frozen=True)
@@ -65,8 +62,9 @@ class Sweep:
 
     dir: Path
 
-    @cached_property
+    @property
     def runs(self) -> list[Run]:
+        """Its run directories, as they are now."""
         return [Run(p.parent) for p in sorted(self.dir.rglob("config.yaml")) if p.parent != self.dir]
 
     def table(self, target: float = 0.5) -> pd.DataFrame:

@@ -36,7 +36,7 @@ def test_run_from_a_mapping_equals_the_command_line_and_reads_back(tmp_path: Pat
     assert [{k: v for k, v in m.items() if k not in wall_clock} for m in api_lines] == [
         {k: v for k, v in m.items() if k not in wall_clock} for m in cli_lines
     ]
-    frame = result.metrics()
+    frame = result.metrics
     assert list(frame.index) == [1, 2] and frame.index.name == "round"
     assert frame["client_mean_acc"].tolist() == [m["client_mean_acc"] for m in api_lines]
     assert frame.loc[2, "client_acc"] == api_lines[1]["client_acc"]  # per-client lists stay lists
@@ -91,4 +91,4 @@ def test_an_interrupted_run_resumes_from_python(tmp_path: Path, monkeypatch: pyt
     resumed = fedsim.resume(stopped)
     assert resumed.summary["resumed_from_round"] == 2
     columns = ["train_loss", "client_mean_acc", "global_acc"]
-    assert resumed.metrics()[columns].equals(whole.metrics()[columns])
+    assert resumed.metrics[columns].equals(whole.metrics[columns])

@@ -30,7 +30,7 @@ def tracked_run(tmp_path: Path, *trackers: Any) -> fedsim.Run:
 
 def numbers_by_round(run: fedsim.Run) -> dict[str, dict[int, float]]:
     """metrics.jsonl's numbers, key -> {round: value}: what every tracker must have recorded."""
-    frame = run.metrics()
+    frame = run.metrics
     keys = [k for k in frame.columns if k != "round" and frame[k].map(lambda v: isinstance(v, float)).all()]
     return {k: {int(r): float(v) for r, v in frame[k].items()} for k in keys}
 
@@ -50,7 +50,7 @@ def test_a_failing_tracker_is_reported_once_and_the_run_keeps_its_results(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = tracked_run(tmp_path, {"name": PLUGIN, "fail_in": "log_metrics"})
-    assert run.finished and len(run.metrics()) == ROUNDS
+    assert run.finished and len(run.metrics) == ROUNDS
     err = capsys.readouterr().err
     assert err.count("fedsim: warning: tracker") == 1
     assert f"tracker '{PLUGIN}' failed in log_metrics and is stopped (RuntimeError: injected failure" in err
