@@ -18,22 +18,19 @@ from fedsim.processes import sigterm_as_interrupt, sigterm_raised
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from fedsim.config import load_config
-    from fedsim.runner import run
+    from fedsim import api
 
     if args.resume is not None:
-        from fedsim.server.checkpoint import resume_config
-
         if args.config is not None or args.set:
             raise ConfigError(
                 "fedsim run --resume RUN_DIR takes no config file and no --set: RUN_DIR/config.yaml is the run's"
             )
-        summary = run(resume_config(args.resume), resume=True)
+        run = api.resume(args.resume)
     elif args.config is None:
         raise ConfigError("fedsim run needs a config file, or --resume RUN_DIR to continue a run from its checkpoint")
     else:
-        summary = run(load_config(args.config, args.set))
-    print(summary["run_dir"])
+        run = api.run(args.config, args.set)
+    print(run.dir)
     return 0
 
 
@@ -77,14 +74,15 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from fedsim.sweep import CellsFailed, run_sweep
+    from fedsim import api
+    from fedsim.sweep import CellsFailed
 
     try:
-        out = run_sweep(args.sweep, args.parallel, overrides=args.set, output=args.output)
+        sweep = api.run_sweep(args.sweep, args.set, args.parallel, args.output)
     except CellsFailed as err:  # a valid sweep that ran, some of whose cells failed: 1, not bad input's 2
         print(f"fedsim: error: {err}", file=sys.stderr)
         return 1
-    print(out)
+    print(sweep.dir)
     return 0
 
 
