@@ -39,3 +39,7 @@ def test_the_sweep_notebook_runs_and_shows_the_runs_it_made(tmp_path: Path) -> N
     lines = [[{k: json.loads(x)[k] for k in numbers} for x in path.read_text().splitlines()]
              for path in (single, sweep_dir / "norm=ln" / "metrics.jsonl")]  # fmt: skip
     assert lines[0] == lines[1] and len(lines[0]) == 4
+    # its progress bar is a live widget (ipywidgets, fedsim[notebook]), not rich's warning at every refresh
+    single_outputs = nb.cells[-1].outputs
+    assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in single_outputs)
+    assert not any("ipywidgets" in str(o.get("text", "")) + str(o.get("data", {})) for o in single_outputs)
