@@ -10,17 +10,18 @@ run's strategy). Before the first step and every E steps (and after the last) it
 on the whole test set, accuracy on the classes client k trains on (``own_class_acc``) and on all
 the others (``other_class_acc``), and measures the feature diagnostics of :mod:`fedsim.diagnostics`
 on the run's probe batch. ``RUN_DIR/local-<k>/`` (``local-<k>,<key=value>...`` with ``--set``) holds
-``local.json`` (what ran) and ``metrics.jsonl`` (one line per evaluation, flushed as written);
-``fedsim plot`` draws them.
+``local.json`` (what ran, :class:`LocalRequest`) and ``metrics.jsonl`` (one line per evaluation, flushed
+as written); ``fedsim plot`` draws them. The run's ``summary.json`` and model, and ``local.json``, are read
+through :mod:`fedsim.reading` (:func:`fedsim.rundir.read_summary`, :func:`read_request`).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import Field
 
 from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.client.runtime import ClientRuntime, round_seed
@@ -29,13 +30,14 @@ from fedsim.config import RunConfig, apply_overrides, parse_config, read_yaml
 from fedsim.data.fingerprint import DATA_FINGERPRINT, check_same_data, fingerprint
 from fedsim.diagnostics import ProbeDiagnostics, probe_images
 from fedsim.engines.layout import torch_threads
-from fedsim.errors import ConfigError, DataError
+from fedsim.errors import ConfigError, DataError, FedsimError
 from fedsim.evaluation import evaluate
 from fedsim.experiment import resolve
 from fedsim.integrity import read_torch, verify
 from fedsim.norms.ln_variants import seed_norm_noise
+from fedsim.reading import read_json
 from fedsim.registry import PluginParams
-from fedsim.rundir import LOCAL_JSON, MODEL_CHECKSUM, SUMMARY, RunDir, atomic_write, claimed
+from fedsim.rundir import LOCAL_JSON, MODEL_CHECKSUM, SUMMARY, RunDir, Written, atomic_write, claimed, read_summary
 
 
 def local_dir(run_dir: str | Path, client: int, overrides: list[str] | None = None) -> Path:
@@ -58,7 +60,8 @@ def finished_run_config(
         raise ConfigError(f"--every {every}: evaluate every E steps with E >= 1")
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir}: not a run directory (no config.yaml there)")
-    missing = [name for name in ("summary.json", "model.pt") if not (run_dir / name).is_file()]
+    # exists, not is_file: a summary or model that is something else (a FIFO) is refused by its reader, by name
+    missing = [name for name in (SUMMARY, "model.pt") if not (run_dir / name).exists()]
     if missing:
         raise ConfigError(
             f"{run_dir}: not a finished run with a saved model (no {' or '.join(missing)}): finish it first "
@@ -74,15 +77,25 @@ def finished_run_config(
     return cfg
 
 
-def read_summary(run_dir: Path) -> dict[str, Any]:
-    """The run's ``summary.json``: the checksums of its model and of its data."""
-    try:
-        summary = json.loads((run_dir / SUMMARY).read_text())
-    except ValueError as err:
-        raise DataError(f"{run_dir / SUMMARY}: not JSON ({err})") from err
-    if not isinstance(summary, dict):
-        raise DataError(f"{run_dir / SUMMARY}: not a fedsim summary (a JSON {type(summary).__name__}, not an object)")
-    return summary
+class LocalRequest(Written):
+    """``local.json``: what a continuation ran (the run, the client and its classes, the SGD it took)."""
+
+    run_dir: str
+    client: int = Field(ge=0)
+    steps: int = Field(ge=1)
+    every: int = Field(ge=1)
+    classes: list[int]
+    lr: float
+    momentum: float
+    weight_decay: float
+    batch_size: int = Field(ge=1)
+    augment: bool
+    overrides: list[str] = []  # absent from the first fedsim local's files
+
+
+def read_request(local: str | Path) -> dict[str, Any]:
+    """``local.json`` of the continuation in ``local``, as written, once it is what fedsim writes."""
+    return read_json(Path(local) / LOCAL_JSON, LocalRequest, "fedsim local's request", error=FedsimError)
 
 
 def load_model(run_dir: Path, summary: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -127,13 +140,13 @@ def continue_locally(
     with claimed(path, field="fedsim local's output directory", owner="local continuation"):
         out = RunDir(path)
         t = cfg.train
-        request = {
-            "run_dir": str(Path(run_dir).resolve()), "client": client, "steps": steps, "every": every,
-            "classes": [c for c, held in enumerate(own.tolist()) if held], "lr": t.lr, "momentum": t.momentum,
-            "weight_decay": t.weight_decay, "batch_size": t.batch_size, "augment": cfg.data.augment,
-            "overrides": list(overrides or []),
-        }  # fmt: skip
-        atomic_write(out.path / LOCAL_JSON, (json.dumps(request, indent=2) + "\n").encode())
+        request = LocalRequest(
+            run_dir=str(Path(run_dir).resolve()), client=client, steps=steps, every=every,
+            classes=[c for c, held in enumerate(own.tolist()) if held], lr=t.lr, momentum=t.momentum,
+            weight_decay=t.weight_decay, batch_size=t.batch_size, augment=cfg.data.augment,
+            overrides=list(overrides or []),
+        )  # fmt: skip
+        atomic_write(out.path / LOCAL_JSON, (request.model_dump_json(indent=2) + "\n").encode())
 
         probe = _probe(runtime)
         out.append_metrics({"step": 0, "train_loss": None, **_scores(runtime, own), **probe.measure()})

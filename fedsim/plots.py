@@ -19,13 +19,13 @@ switch and no figure registry to leak from a long-lived process.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fedsim.errors import FedsimError
+from fedsim.local import read_request
 from fedsim.rundir import (
     LOCAL_JSON,
     make_dir,
@@ -228,7 +228,7 @@ def plot_local(continuations: list[Path], path: Path) -> None:
     acc, norm, erank = (fig.add_subplot(1, 3, i) for i in (1, 2, 3))
     several_runs = len({local.parent for local in continuations}) > 1
     for local in continuations:
-        request = json.loads((local / LOCAL_JSON).read_text())
+        request = read_request(local)
         lines = read_metrics(local, index="step")
         label = f"client {request['client']} (classes {request['classes']})"
         label += "".join(f", {o}" for o in request.get("overrides", []))
@@ -296,6 +296,8 @@ def write_plots(
     for run in runs:  # a damaged file stops before any figure is written, not half-way
         if (run["dir"] / "partition.csv").exists():
             read_partition(run["dir"])
+    for local in continuations:
+        read_request(local)
     out = Path(out)
     make_dir(out, "--out")
     written: list[Path] = []

@@ -27,7 +27,7 @@ from fedsim.errors import ConfigError, FedsimError, brief
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 CONFIG_BYTES = 4 * MIB  # a config or sweep file; the paper configs are under 2 KiB
-SUMMARY_BYTES = 16 * MIB  # summary.json, progress.json, partition.csv (a row per client)
+SUMMARY_BYTES = 16 * MIB  # summary.json, progress.json, local.json, error.txt, partition.csv (a row per client)
 METRICS_BYTES = GIB  # metrics.jsonl: 10,000 evaluations of a few KiB each stay well below it
 
 

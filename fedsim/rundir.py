@@ -13,7 +13,8 @@ resume, and clears the leftovers of a run that was killed with nothing to resume
 full disk) is one error naming the file; it leaves no temp file, and what was written before it stays.
 :func:`read_run` and :func:`read_partition` read a run directory back (``fedsim report`` / ``fedsim
 plot``), finished or still running, through :mod:`fedsim.reading`, the summary and the metrics checked
-against their schemas (:class:`Summary`, :class:`MetricsRecord`).
+against their schemas (:class:`Summary`, :class:`MetricsRecord`); :func:`read_progress` and
+:func:`read_error` read what a launcher polls while the ServerApp runs (:class:`Progress`, ``error.txt``).
 """
 
 from __future__ import annotations
@@ -245,12 +246,14 @@ class RunDir:
             self.trackers = None
 
 
-class _Written(BaseModel):
-    # what fedsim writes, as strictly as it writes it: a number is never text, and JSON has no NaN
+class Written(BaseModel):
+    """Base of the schemas of the JSON files fedsim writes, as strictly as it writes them: a number is never
+    text, and JSON has no NaN; fields a schema does not name are kept."""
+
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
 
-class MetricsRecord(_Written):
+class MetricsRecord(Written):
     """A line of ``metrics.jsonl``: the fields that ``fedsim report`` and ``fedsim plot`` read (others kept)."""
 
     client_mean_acc: float | None = Field(None, ge=0, le=1)
@@ -270,7 +273,16 @@ class StepRecord(MetricsRecord):
     step: int = Field(ge=0)
 
 
-class Summary(_Written):
+class Progress(Written):
+    """``progress.json`` (:meth:`RunDir.write_progress`): the latest round, its training loss and client-mean
+    accuracy (None: not evaluated that round)."""
+
+    round: int = Field(ge=0)
+    loss: float | None
+    acc: float | None = Field(ge=0, le=1)
+
+
+class Summary(Written):
     """``summary.json``: the fields that ``fedsim report`` and ``fedsim plot`` read (others kept)."""
 
     rounds: int = Field(ge=1)
@@ -291,6 +303,17 @@ def read_metrics(run_dir: str | Path, index: str = "round") -> list[dict[str, An
 def read_summary(run_dir: str | Path) -> dict[str, Any]:
     """``summary.json`` of a finished run, as written, once it is what fedsim writes (:class:`Summary`)."""
     return read_json(Path(run_dir) / SUMMARY, Summary, "summary")
+
+
+def read_progress(run_dir: str | Path) -> dict[str, Any]:
+    """``progress.json``, as written, once it is what fedsim writes (:class:`Progress`); a launcher polls it
+    while the ServerApp runs, and skips a poll that finds it missing."""
+    return read_json(Path(run_dir) / PROGRESS, Progress, "progress")
+
+
+def read_error(run_dir: str | Path) -> str:
+    """``error.txt``: why the ServerApp stopped (:meth:`RunDir.write_error`)."""
+    return read_text(Path(run_dir) / ERROR, "the ServerApp's error", SUMMARY_BYTES, FedsimError)
 
 
 def json_safe(value: Any) -> Any:

@@ -72,7 +72,8 @@ from fedsim.engines.layout import choose_layout, usable_cores
 from fedsim.errors import ERROR_FILE_ENV, ConfigError, FedsimError, TrainingError, brief
 from fedsim.experiment import resolve
 from fedsim.processes import die_with_parent, signals_ignored, sigterm_as_interrupt, stop_tree
-from fedsim.rundir import CHECKPOINT, NOT_LEARNING, SUMMARY, atomic_write, claimed, flatten, make_dir
+from fedsim.reading import SUMMARY_BYTES, read_text
+from fedsim.rundir import CHECKPOINT, NOT_LEARNING, SUMMARY, atomic_write, claimed, flatten, make_dir, read_summary
 
 MAX_CELLS = 1_000  # each cell's config is built and validated before the first run (~2.5 ms and ~20 kB each)
 MAX_NAME = 200  # as a run's name (fedsim.config.RunConfig.name): a directory name, with room for suffixes
@@ -390,10 +391,11 @@ class CellProcess:
         """``(summary, None)`` on success, else ``(None, why it failed)``."""
         try:
             if self.proc.returncode == 0:
-                return json.loads((self.run_dir / SUMMARY).read_text()), None
+                return read_summary(self.run_dir), None
             if self.error_file.is_file():
-                return None, json.loads(self.error_file.read_text())["message"]
-        except (OSError, ValueError, KeyError, TypeError) as err:  # a process that ended half-way through writing
+                error = read_text(self.error_file, "a cell's error", SUMMARY_BYTES, FedsimError)
+                return None, json.loads(error)["message"]
+        except (FedsimError, ValueError, KeyError, TypeError) as err:  # a process that ended half-way through writing
             return None, f"exit status {self.proc.returncode}, and its result is unreadable: {err}"
         tail = self.log.read_text(errors="replace").strip().splitlines()[-5:]
         return None, f"exit status {self.proc.returncode}: " + " | ".join(tail)

@@ -19,6 +19,7 @@ from fedsim.integrity import digest
 from fedsim.runner import run
 from tests.conftest import MNIST_SMALL, REPO
 from tests.test_data_integrity import relabelled
+from tests.test_reading import make_fifo
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 
@@ -151,3 +152,72 @@ def test_other_data_than_the_run_trained_on_is_refused(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"summary.json: records no fingerprint ({DATA_FINGERPRINT})" in err[0]
     assert not list(finished_run.glob("local-0,*")) and not list(run_dir.glob("local-*"))
+
+
+def unread_run(root: Path) -> Path:
+    """A run directory as far as ``fedsim local`` gets before its summary: the quickstart's config and a
+    model.pt that is never read (the summary is read first)."""
+    run_dir = root / "run"
+    run_dir.mkdir()
+    shutil.copy(QUICKSTART, run_dir / "config.yaml")
+    (run_dir / "model.pt").write_bytes(b"never read")
+    return run_dir
+
+
+def test_a_summary_fedsim_did_not_write_is_one_line_unread(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """summary.json goes through fedsim.reading: a FIFO is refused unopened (make_fifo's writer turns a reader
+    that would wait on it into one that reads an empty file, so a hang fails instead of stalling the suite),
+    50 MB unread, and JSON that is not a summary names the field."""
+    run_dir = unread_run(tmp_path)
+    summary = make_fifo(run_dir / "summary.json")
+    argv = ["local", str(run_dir), "--client", "0", "--steps", "2"]
+    for expected in (
+        f"summary {summary}: a FIFO (named pipe), not a regular file",
+        f"summary {summary}: 50,000,000 bytes; fedsim reads at most 16,777,216 for it",
+        f"summary {summary}: not readable as the JSON fedsim writes (the top level: Input should be a valid "
+        "dictionary or instance of Summary (got [1, 2]))",
+    ):
+        assert main(argv) == 2
+        assert capsys.readouterr().err == f"fedsim: error: {expected}\n"
+        summary.unlink()
+        if "FIFO" in expected:
+            with open(summary, "wb") as f:  # 50 MB on disk, none of it written
+                f.truncate(50_000_000)
+        else:
+            summary.write_text("[1, 2]")
+    assert not list(run_dir.glob("local-*"))
+
+
+LOCAL_REQUEST = {
+    "run_dir": "/runs/quickstart", "client": 3, "steps": 4, "every": 2, "classes": [3], "lr": 0.05,
+    "momentum": 0.0, "weight_decay": 0.0, "batch_size": 32, "augment": False, "overrides": [],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("garbage", "expected value at line 1 column 1"),
+        (json.dumps({**LOCAL_REQUEST, "client": "three"}), "client: Input should be a valid integer (got 'three')"),
+        (json.dumps({**LOCAL_REQUEST, "classes": None}), "classes: Input should be a valid list (got None)"),
+        (json.dumps([LOCAL_REQUEST]), "the top level: Input should be a valid dictionary or instance of LocalRequest"),
+    ],
+)
+def test_plot_of_a_continuation_fedsim_did_not_write_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, problem: str
+) -> None:
+    """``fedsim plot`` reads local.json through fedsim.reading (it was json.loads: a traceback), before any
+    figure is drawn."""
+    local = tmp_path / "local-3"
+    local.mkdir()
+    (local / "metrics.jsonl").write_text('{"step": 0, "own_class_acc": 0.5, "other_class_acc": 0.1}\n')
+    (local / "local.json").write_text(content)
+    assert main(["plot", str(local)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"fedsim: error: fedsim local's request {local / 'local.json'}: not readable as the JSON fedsim writes "
+        f"({problem}"
+    ), err
+    assert len(err.splitlines()) == 1 and not (local / "local.png").exists()
+    (local / "local.json").write_text(json.dumps(LOCAL_REQUEST))  # what fedsim writes: drawn
+    assert main(["plot", str(local)]) == 0 and (local / "local.png").stat().st_size > 10_000

@@ -210,3 +210,96 @@ def test_resume_through_a_symlink_loop_is_one_line(tmp_path: Path, capsys: pytes
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
     assert "--resume" in one_line(["run", "--resume", str(tmp_path / "a")], capsys)
+
+
+# --- files a launcher polls while the ServerApp writes them (fedsim deploy; the compose project's submit service)
+
+
+class Shown:
+    """A progress display that keeps what it was shown."""
+
+    def __init__(self) -> None:
+        self.rounds: list[tuple[int, float | None, float | None]] = []
+
+    def update(self, server_round: int, loss: float | None, acc: float | None) -> None:
+        self.rounds.append((server_round, loss, acc))
+
+
+def test_fedsim_deploy_polls_without_hanging_on_or_trusting_a_file_fedsim_did_not_write(tmp_path: Path) -> None:
+    """progress.json is shown when it is what the ServerApp writes and skipped otherwise (missing, a FIFO, a
+    foreign file: it was a TypeError traceback); summary.json and error.txt end the run, and either one that is
+    not what fedsim writes is one error naming it (json.loads waited on a FIFO, read a huge file whole)."""
+    from fedsim.deploy.launcher import _show, ended
+    from fedsim.errors import FedsimError
+
+    shown = Shown()
+    progress = tmp_path / "progress.json"
+    _show(tmp_path, shown)  # before the first round
+    make_fifo(progress)
+    _show(tmp_path, shown)
+    progress.unlink()
+    for foreign in ('{"round": "two", "loss": 1.0, "acc": 0.5}', "[2]", '{"round": 2'):
+        progress.write_text(foreign)
+        _show(tmp_path, shown)
+    assert shown.rounds == []
+    progress.write_text('{"round": 2, "loss": 0.5, "acc": null}')
+    _show(tmp_path, shown)
+    assert shown.rounds == [(2, 0.5, None)]
+
+    assert ended(tmp_path) is None  # still running
+    error = make_fifo(tmp_path / "error.txt")
+    with pytest.raises(FedsimError, match=r"^the ServerApp's error .*error.txt: a FIFO \(named pipe\), not a regular"):
+        ended(tmp_path)
+    error.unlink()
+    error.write_text("training diverged at round 3")
+    with pytest.raises(FedsimError, match=r"^training diverged at round 3$"):
+        ended(tmp_path)
+    summary = make_fifo(tmp_path / "summary.json")  # the summary comes first: the run finished
+    with pytest.raises(FedsimError, match=r"^summary .*summary.json: a FIFO \(named pipe\), not a regular file$"):
+        ended(tmp_path)
+    summary.unlink()
+    with open(summary, "wb") as f:
+        f.truncate(50_000_000)
+    with pytest.raises(FedsimError, match=r"summary.json: 50,000,000 bytes; fedsim reads at most 16,777,216 for it$"):
+        ended(tmp_path)
+    summary.write_text(json.dumps({"rounds": 2, "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.6,
+                                   "final_global_acc": 0.55, "wall_time_s": 3.0}))  # fmt: skip
+    assert ended(tmp_path) == {"rounds": 2, "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.6,
+                               "final_global_acc": 0.55, "wall_time_s": 3.0}  # fmt: skip
+
+
+def test_the_submit_service_polls_without_hanging_on_or_trusting_a_file_fedsim_did_not_write(tmp_path: Path) -> None:
+    """The compose project's submit service prints each round from progress.json and metrics.jsonl and the
+    summary at the end: a FIFO or a foreign file there is skipped while the run goes (it was a TypeError
+    traceback in the polling thread) and named at the end."""
+    from fedsim.deploy.submit import RoundPrinter
+
+    lines: list[str] = []
+    printer = RoundPrinter(tmp_path, 3, lines.append)
+    progress, metrics = tmp_path / "progress.json", tmp_path / "metrics.jsonl"
+    make_fifo(progress)
+    printer.poll()
+    progress.unlink()
+    progress.write_text('{"round": "two", "loss": null, "acc": null}')
+    printer.poll()
+    assert lines == []
+    progress.write_text('{"round": 2, "loss": null, "acc": null}')
+    make_fifo(metrics)
+    printer.poll()
+    assert lines == ["round 2/3: train loss -"]  # the round, without the scores it cannot read
+    metrics.unlink()
+    metrics.write_text('{"round": 3, "client_mean_acc": null, "global_acc": 0.4, "time_s": 6.0}\n')
+    progress.write_text('{"round": 3, "loss": 0.5, "acc": null}')
+    printer.poll()
+    assert lines[-1] == "round 3/3: train loss 0.5000, client-mean acc -, global acc 0.4000, 6.0 s"
+    summary = make_fifo(tmp_path / "summary.json")
+    printer.summary()
+    assert lines[-1] == f"summary: summary {summary}: a FIFO (named pipe), not a regular file"
+    summary.unlink()
+    summary.write_text('{"rounds": 3}')
+    printer.summary()
+    assert lines[-1] == (
+        f"summary: summary {summary}: not readable as the JSON fedsim writes (final_client_mean_acc: Field "
+        "required; 2 more)"
+    )
+    assert len(lines) == 4

@@ -85,6 +85,7 @@ def write_run(run_dir: Path, rounds: int) -> None:
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     (run_dir / "progress.json").write_text(json.dumps({"round": rounds, "loss": 1.0 / rounds, "acc": 0.42}))
     (run_dir / "summary.json").write_text(json.dumps({"name": "quickstart", "rounds": rounds,
+                                                      "final_client_mean_acc": 0.42, "best_client_mean_acc": 0.42,
                                                       "final_global_acc": 0.466, "per_class_acc": [0.1]}))  # fmt: skip
 
 
@@ -125,7 +126,10 @@ def test_rounds_and_summary_appear_in_the_log(tmp_path: Path, monkeypatch: pytes
     assert program.submit("/fedsim/app", "/fedsim/run-config.toml", run_dir, 2, lines.append) == 0
     assert "round 2/2: train loss 0.5000, client-mean acc 0.4200, global acc 0.4700, 6.0 s" in lines
     assert not any(line.startswith("round 1/2") for line in lines)  # the stale progress.json was removed
-    assert lines[-2] == "summary: name quickstart, rounds 2, final_global_acc 0.4660"
+    assert lines[-2] == (
+        "summary: name quickstart, rounds 2, final_client_mean_acc 0.4200, best_client_mean_acc 0.4200, "
+        "final_global_acc 0.4660"
+    )
     assert lines[-1] == "run 3: finished:completed"
 
 

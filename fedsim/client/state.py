@@ -18,6 +18,10 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.common.serde import ProtoRecordDict, recorddict_from_proto, recorddict_to_proto
 
 from fedsim import wire
+from fedsim.errors import FedsimError
+from fedsim.reading import GIB, read_bytes
+
+STATE_BYTES = 2 * GIB  # protobuf's own bound on one message: no state file fedsim wrote is larger
 
 
 def encode(state: RecordDict) -> bytes:
@@ -63,7 +67,8 @@ def load_client_state(directory: Path, upto: int) -> RecordDict:
     rounds = [r for r in _saved_rounds(directory) if r <= upto]
     if not rounds:
         return RecordDict()
-    return decode((directory / f"round-{rounds[-1]}.bin").read_bytes())
+    path = directory / f"round-{rounds[-1]}.bin"
+    return decode(read_bytes(path, "a client's saved state", STATE_BYTES, FedsimError))
 
 
 def state_query(msg: Message, context: Context) -> None:

@@ -33,7 +33,7 @@ from fedsim.processes import (
     tree,
     watchdog,
 )
-from fedsim.rundir import ERROR, HELD_ENV, PROGRESS, SUMMARY, claimed
+from fedsim.rundir import ERROR, HELD_ENV, PROGRESS, SUMMARY, claimed, read_error, read_progress, read_summary
 
 # A command prefix per process, e.g. {"supernode": ["ip", "netns", "exec", "nodes"]} to run the
 # SuperNodes in another network namespace
@@ -201,12 +201,10 @@ class LocalDeployment:
         summary, error = self.run_dir / SUMMARY, self.run_dir / ERROR
         next_status = time.monotonic() + STATUS_EVERY_S
         while True:
-            _show(self.run_dir / PROGRESS, progress)
-            if summary.exists():
-                _show(self.run_dir / PROGRESS, progress)
-                return json.loads(summary.read_text())
-            if error.exists():
-                raise FedsimError(error.read_text())
+            _show(self.run_dir, progress)
+            if (result := ended(self.run_dir)) is not None:
+                _show(self.run_dir, progress)
+                return result
             if not self.alive("superlink"):
                 raise FedsimError(f"the SuperLink exited (log: {self.workdir / 'superlink.log'})")
             if not (self.run_dir / PROGRESS).exists():  # before round 1: a dead SuperNode is a setup error
@@ -227,10 +225,20 @@ def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def _show(path: Path, progress: RoundProgress) -> None:
+def ended(run_dir: Path) -> dict[str, Any] | None:
+    """The run's summary once its ServerApp wrote it, its error (raised) once it wrote that, else None; either
+    file that is not what fedsim writes (a FIFO, a huge or a foreign file) is an error naming it."""
+    if (run_dir / SUMMARY).exists():
+        return read_summary(run_dir)
+    if (run_dir / ERROR).exists():
+        raise FedsimError(read_error(run_dir))
+    return None
+
+
+def _show(run_dir: Path, progress: RoundProgress) -> None:
     try:
-        p = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
+        p = read_progress(run_dir)
+    except FedsimError:  # not written yet, or not readable: only the display waits; the summary ends the run
         return
     progress.update(p["round"], p["loss"], p["acc"])
 

@@ -20,20 +20,19 @@ from __future__ import annotations
 
 import fcntl
 import ipaddress
-import json
 import os
 import signal
 import socket
 import struct
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 from fedsim.config import RunConfig
 from fedsim.console import console
 from fedsim.errors import ChildExit
 from fedsim.processes import die_with
+from fedsim.rundir import read_summary
 
 ENV = "FEDSIM_PRIVATE_NETWORK"  # set inside the namespace: the pid of the launcher outside
 UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--"]
@@ -87,7 +86,7 @@ def deploy_inside(cfg: RunConfig) -> dict[str, Any]:
             signal.signal(sig, handler)
     if code != 0:
         raise ChildExit(code if code > 0 else 128 - code)
-    return json.loads((Path(cfg.output.run_dir or "") / "summary.json").read_text())
+    return read_summary(cfg.output.run_dir or "")
 
 
 def received_config() -> RunConfig:

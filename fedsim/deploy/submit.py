@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.deploy.topology import CONNECTION
-from fedsim.rundir import PROGRESS
+from fedsim.errors import FedsimError
+from fedsim.rundir import PROGRESS, SUMMARY, read_metrics, read_progress, read_summary
 
 POLL_S = 2.0
 ATTEMPT_S = 30.0  # one flwr CLI call: a Python start and a request, seconds on a busy machine
@@ -92,12 +93,17 @@ def stream_log(run_id: int) -> None:
     subprocess.run(["flwr", "log", str(run_id), CONNECTION, "--stream"], stdin=subprocess.DEVNULL)
 
 
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"  # None: not measured (a round without evaluation)
+
+
 def round_line(progress: dict[str, Any], total: int | None, metrics: dict[str, Any] | None) -> str:
     """``round 2/10: train loss 1.2345, client-mean acc 0.4660, global acc 0.4660, 3.1 s``."""
-    parts = [f"train loss {progress['loss']:.4f}" if progress.get("loss") is not None else "train loss -"]
+    parts = [f"train loss {_number(progress['loss'])}"]
     if metrics is not None:
-        parts += [f"client-mean acc {metrics['client_mean_acc']:.4f}", f"global acc {metrics['global_acc']:.4f}"]
-        parts += [f"{metrics['time_s']:.1f} s"] if metrics.get("time_s") is not None else []
+        parts += [f"client-mean acc {_number(metrics.get('client_mean_acc'))}",
+                  f"global acc {_number(metrics.get('global_acc'))}"]  # fmt: skip
+        parts += [f"{metrics['time_s']:.1f} s"] if isinstance(metrics.get("time_s"), float) else []
     return f"round {progress['round']}{f'/{total}' if total else ''}: " + ", ".join(parts)
 
 
@@ -110,19 +116,18 @@ class RoundPrinter:
         self.stop = threading.Event()
 
     def poll(self) -> None:
+        """Say the latest round, once. What is not there yet or not readable (a FIFO, a foreign file) waits
+        for the next poll: it never stops the thread that polls (fedsim.reading reads without blocking)."""
         try:
-            progress = json.loads((self.run_dir / PROGRESS).read_text())
-        except (OSError, ValueError):
+            progress = read_progress(self.run_dir)
+        except FedsimError:
             return
         if progress["round"] <= self.shown:
             return
-        evaluated = {}
         try:
-            for line in (self.run_dir / "metrics.jsonl").read_text().splitlines():
-                record = json.loads(line)
-                evaluated[record["round"]] = record
-        except (OSError, ValueError):
-            pass
+            evaluated = {record["round"]: record for record in read_metrics(self.run_dir)}
+        except FedsimError:  # a line being appended: the round shows without its scores
+            evaluated = {}
         self.shown = progress["round"]
         self.say(round_line(progress, self.total, evaluated.get(self.shown)))
 
@@ -132,9 +137,12 @@ class RoundPrinter:
 
     def summary(self) -> None:
         self.poll()
+        if not (self.run_dir / SUMMARY).exists():  # a run that failed writes none
+            return
         try:
-            summary = json.loads((self.run_dir / "summary.json").read_text())
-        except (OSError, ValueError):
+            summary = read_summary(self.run_dir)
+        except FedsimError as err:
+            self.say(f"summary: {err}")
             return
         shown = [(k, v) for k, v in summary.items() if not isinstance(v, (list, dict)) and v is not None]
         self.say("summary: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in shown))
@@ -142,7 +150,7 @@ class RoundPrinter:
 
 def submit(app: str, run_config: str, run_dir: Path | None, rounds: int | None, say: Callable[[str], None]) -> int:
     """Submit the run, show it until it ends; 0 if it finished completed, else 1."""
-    for stale in ("summary.json", PROGRESS):  # this run's, not the last one's
+    for stale in (SUMMARY, PROGRESS):  # this run's, not the last one's
         if run_dir is not None:
             (run_dir / stale).unlink(missing_ok=True)
     run_id = int(flwr(["run", app, CONNECTION, "--run-config", run_config])["run-id"])

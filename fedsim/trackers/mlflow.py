@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import Field
 
+from fedsim.errors import FedsimError
+from fedsim.reading import KIB, read_text
 from fedsim.trackers.base import TRACKERS, Tracker
 
 RUN_ID_FILE = "mlflow_run_id"  # a resumed run continues the MLflow run it started
@@ -38,8 +40,8 @@ class MLflow(Tracker):
         uri = params.tracking_uri or f"sqlite:///{run_dir.resolve() / 'mlflow.db'}"
         self.client = MlflowClient(tracking_uri=uri)
         id_file = run_dir / RUN_ID_FILE
-        if id_file.is_file():  # resumed
-            self.run_id = id_file.read_text().strip()
+        if id_file.exists():  # resumed (a FIFO or a huge file there is refused by name, unread)
+            self.run_id = read_text(id_file, "the MLflow run id", KIB, FedsimError).strip()
             self.client.update_run(self.run_id, status="RUNNING")
             return
         experiment_name = params.experiment or name
