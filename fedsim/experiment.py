@@ -22,6 +22,7 @@ from fedsim.data.base import check_classes
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.federation import Federation, load_federation
 from fedsim.models import MODELS, FedsimModel
+from fedsim.models.size import check_size
 from fedsim.norms import NORMS, Normaliser
 from fedsim.partitions import PARTITIONERS, Partitioner
 from fedsim.partitions.base import check_participation
@@ -51,8 +52,10 @@ class Experiment:
         return fed
 
     def build_model(self) -> FedsimModel:
-        """A fresh model for the dataset's classes and image shape (weights from torch's global RNG)."""
+        """A fresh model for the dataset's classes and image shape (weights from torch's global RNG), once this
+        machine can hold it (:func:`fedsim.models.size.check_size`: counted before any weight is allocated)."""
         ds = self.federation().dataset
+        check_size(self.model, ds.num_classes, ds.in_shape, self.normaliser)
         return self.model.create(ds.num_classes, ds.in_shape, self.normaliser)
 
     def initial_model(self) -> FedsimModel:

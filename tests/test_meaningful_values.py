@@ -12,13 +12,18 @@ ZeroDivisionError after training.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
+from torch import nn
 
+from fedsim.cli import main
+from fedsim.errors import ConfigError
 from fedsim.experiment import load_experiment
+from fedsim.models import FedsimModel, size
 from tests import test_bad_inputs as corpus
 from tests.conftest import small_config, write_config
 from tests.test_option_ranges import corpus_rows
@@ -106,6 +111,25 @@ CASES: dict[str, corpus.Case] = {
             f"(4 x this machine's {os.cpu_count()} CPUs)",
         ),
     ),
+    # a model no machine holds: counted on the meta device (fedsim.models.size), never allocated; it was built
+    # for real, the allocator's refusal wrapped as the model's own error ('mlp' raised RuntimeError), and a
+    # size the allocator grants ended in the OOM killer
+    "model-796-billion-weights": run(
+        "model.hidden=[1000000000]",
+        expect=(
+            "model: 'mlp' with model.hidden=[1000000000] has 796,000,000,000 parameters and buffers (2,965.3 GiB); "
+            "a run holds about 8 copies of its model, so this machine's ",
+            " GiB of memory allow at most ",
+            "make the model smaller",
+        ),
+    ),
+    "cnn-a-trillion-weights": run(
+        "model={name: cnn, norm: ln, hidden: [1000000, 1000000], activation: tanh}",
+        expect=(
+            "model: 'cnn' with model.activation=tanh, model.hidden=[1000000, 1000000] has 1,001,038,104,256 "
+            "parameters and buffers (3,729.2 GiB)",
+        ),
+    ),
     # --- a Flower strategy a config cannot build (it wraps another): refused by name, not a SchemaError traceback
     "flower-dp-wrapper": run(
         f"strategy={FLOWER}:DifferentialPrivacyServerSideFixedClipping",
@@ -187,3 +211,61 @@ def test_ints_are_floats_and_lists_are_tuples(
             section = getattr(section, part)
     got = {k: getattr(section, k) for k in expected}
     assert got == expected and all(type(v) is type(expected[k]) for k, v in got.items())
+
+
+def test_a_model_too_large_is_refused_at_once_and_never_allocated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The size check builds the model on the meta device only: no model with storage is made (a spy on every
+    model built), and the refusal comes at once, after the small dataset's load, not after an allocation."""
+    built: list[str] = []
+    real_init = FedsimModel.__init__
+
+    def spy(self: FedsimModel, *args: object) -> None:
+        real_init(self, *args)
+        built.append(next(self.parameters()).device.type)
+
+    monkeypatch.setattr(FedsimModel, "__init__", spy)
+    cfg = write_config(tmp_path, small_config(tmp_path))
+    start = time.monotonic()
+    code = main(["run", str(cfg), "--set", "model.hidden=[1000000000]"])
+    seconds = time.monotonic() - start
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith("fedsim: error: model: 'mlp' with model.hidden=[1000000000] has 796,000,000,000 ")
+    assert built == ["meta"]
+    assert seconds < 60  # generous for a loaded machine: a load of 6,000 small images and a count
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_bound_is_this_machines_memory_over_the_copies_a_run_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model of exactly memory / COPIES bytes is built; one byte less memory refuses it, and the limit the
+    message gives is one parameter short of the model (float32: 4 bytes each)."""
+    experiment = load_experiment(write_config(tmp_path, small_config(tmp_path)))  # MLP 784-64-10, LN
+    tensors = [*experiment.build_model().parameters(), *experiment.build_model().buffers()]
+    count = sum(t.numel() for t in tensors)
+    assert count == 784 * 64 + 2 * 64 + 64 * 10  # the weights, LN's gain and bias, the classifier
+    monkeypatch.setattr(size, "machine_memory", lambda: size.COPIES * 4 * count)
+    assert sum(p.numel() for p in experiment.build_model().parameters()) == count
+    monkeypatch.setattr(size, "machine_memory", lambda: size.COPIES * 4 * count - 1)
+    with pytest.raises(ConfigError) as refused:
+        experiment.build_model()
+    assert str(refused.value) == (
+        f"model: 'mlp' with model.hidden=[64] has {count:,} parameters and buffers (0.2 MiB); a run holds about 8 "
+        f"copies of its model, so this machine's 1.6 MiB of memory allow at most {count - 1:,} (0.2 MiB): make the "
+        "model smaller"
+    )
+
+
+def test_a_model_that_cannot_be_built_on_the_meta_device_is_built_for_real() -> None:
+    """A plugin's model may make tensors the meta device cannot hold values of (.item()): its size is then
+    unknown in advance, and the real build decides, not a refusal of the plugin."""
+
+    def build() -> nn.Module:
+        nn.Linear(2, 2).weight.sum().item()
+        return nn.Linear(2, 2)
+
+    assert size.counted(build) is None
+    assert size.counted(lambda: nn.Linear(3, 2)) == (8, 32)  # 6 weights and 2 biases, float32

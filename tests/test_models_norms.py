@@ -12,6 +12,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedsim.errors import ConfigError
 from fedsim.models import FedsimModel, create_model, list_models
+from fedsim.models.size import counted
 from fedsim.norms import NORM_SITE_ATTR, create_norm, is_norm_module, list_norms, norm_modules
 from fedsim.norms.basic import FeatureNorm
 
@@ -187,6 +188,17 @@ def test_norm_sites_is_a_resnet_option() -> None:
 def test_mlp_param_count() -> None:
     assert n_params(build("mlp", "none")) == 3072 * 200 + 200 * 200 + 200 * 10
     assert n_params(build("mlp", "ln", in_shape=MNIST, hidden=[50])) == 784 * 50 + 2 * 50 + 50 * 10
+
+
+@pytest.mark.parametrize("model_name", BUILTIN_MODELS)
+def test_the_size_check_counts_on_the_meta_device_what_the_model_allocates(model_name: str) -> None:
+    """fedsim.models.size counts a model without its storage: the same elements and bytes, parameters and
+    buffers (BN's running statistics) alike, as the model built for real, for every built-in normaliser."""
+    for norm in list_norms():
+        real = build(model_name, norm)
+        tensors = [*real.parameters(), *real.buffers()]
+        expected = (sum(t.numel() for t in tensors), sum(t.numel() * t.element_size() for t in tensors))
+        assert counted(lambda norm=norm: build(model_name, norm)) == expected, norm
 
 
 # --- every pair trains -----------------------------------------------------------------------
