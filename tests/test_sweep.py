@@ -150,19 +150,23 @@ def wait_until(condition, timeout: float, what: str) -> None:  # type: ignore[no
 
 @pytest.mark.slow
 def test_stopping_a_sweep_stops_its_runs_and_a_rerun_resumes_them(tmp_path: Path) -> None:
-    # rounds enough that both signals find the cells running on any machine (each comes 5 rounds past a
-    # checkpoint, about round 10-20 here), few enough that the rerun finishing them is short
-    base = small_config(tmp_path, train={"rounds": 150}, eval={"every": 25}, output={"checkpoint_every": 5})
+    # each signal comes while both cells wait at a known round (tests/plugins/hold_at_round.py), two rounds
+    # past a checkpoint: on any machine, where a cell could finish before a watcher's signal on a loaded one
+    hold = tmp_path / "hold"
+    strategy = {"name": "tests.plugins.hold_at_round:HoldAtRound", "hold_file": str(hold)}
+    base = small_config(tmp_path, strategy=strategy, train={"rounds": 30}, eval={"every": 10},
+                        output={"checkpoint_every": 5})  # fmt: skip
     write_config(tmp_path, base, "base.yaml")
     sweep = {"base": "base.yaml", "name": "s", "output": str(tmp_path / "sweeps"), "grid": {"seed": [0, 1]}}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(sweep))
     out = tmp_path / "sweeps" / "s"
     cells = [out / "seed=0", out / "seed=1"]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    for sig, at in ((signal.SIGTERM, 12), (signal.SIGKILL, 17)):
+        hold.write_text(str(at))
         proc = start_sweep(path)
-        reached = max(checkpointed_round(c) for c in cells) + 5
-        wait_until(lambda r=reached: all(checkpointed_round(c) >= r for c in cells), 300, f"{sig}: no checkpoint")
+        waiting = lambda a=at: [w for w in tmp_path.glob("hold.*") if w.read_text() == str(a)]  # noqa: E731
+        wait_until(lambda w=waiting: len(w()) == 2, 300, f"{sig}: the cells never reached round {at}")
         assert len(cell_processes(out, proc.pid)) == 2
         proc.send_signal(sig)
         proc.communicate(timeout=120)
@@ -170,15 +174,17 @@ def test_stopping_a_sweep_stops_its_runs_and_a_rerun_resumes_them(tmp_path: Path
         # however the sweep ends, its runs end with it (SIGKILL: by their parent-death signal)
         wait_until(lambda p=proc.pid: not cell_processes(out, p), 60, f"{sig}: runs outlived the sweep")
         assert not any((c / "summary.json").exists() for c in cells)
+        assert [checkpointed_round(c) for c in cells] == [at - 2, at - 2]
     # the next sweep resumes both cells from their checkpoints: every round once, in order
+    hold.unlink()
     proc = start_sweep(path)
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, stderr[-3000:]
     assert "2 to resume from their checkpoints" in stdout
     for cell in cells:
         rounds = [json.loads(x)["round"] for x in (cell / "metrics.jsonl").read_text().splitlines()]
-        assert rounds == list(range(25, 151, 25))
-        assert json.loads((cell / "summary.json").read_text())["resumed_from_round"] >= 10
+        assert rounds == [10, 20, 30]
+        assert json.loads((cell / "summary.json").read_text())["resumed_from_round"] == 15
 
 
 # -- bad cells, names, size: every check below runs before any training (cheap) --
