@@ -259,6 +259,22 @@ def test_the_bound_is_this_machines_memory_over_the_copies_a_run_holds(
     )
 
 
+def test_a_containers_memory_limit_bounds_the_model_below_the_machines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside a container the machine's physical memory is its host's: the cgroup's limit is what the run may
+    use. A limit file says "max" where there is none (cgroup v2), or a number of bytes."""
+    physical = size.machine_memory()
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    monkeypatch.setattr(size, "CGROUP_LIMITS", (v2, v1))
+    assert size.machine_memory() == physical  # neither file
+    v2.write_text("max\n")
+    v1.write_text(f"{physical * 2}\n")  # a limit above the machine's memory changes nothing
+    assert size.machine_memory() == physical
+    v2.write_text("1073741824\n")
+    assert size.machine_memory() == 1 << 30
+
+
 def test_a_model_that_cannot_be_built_on_the_meta_device_is_built_for_real() -> None:
     """A plugin's model may make tensors the meta device cannot hold values of (.item()): its size is then
     unknown in advance, and the real build decides, not a refusal of the plugin."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,9 +27,20 @@ from fedsim.registry import Resolved
 COPIES = 8
 
 
+# where a container's memory limit is, under cgroup v2 and v1 (a container sees its host's physical memory)
+CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+
+
 def machine_memory() -> int:
-    """This machine's physical memory, in bytes."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """The memory this process may use, in bytes: the machine's physical memory, or its container's limit
+    where that is lower."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in CGROUP_LIMITS:
+        try:
+            memory = min(memory, int(path.read_text()))
+        except (OSError, ValueError):  # no such cgroup, or "max": no limit
+            continue
+    return memory
 
 
 def counted(build: Callable[[], nn.Module]) -> tuple[int, int] | None:
