@@ -85,12 +85,11 @@ def test_a_killed_shim_takes_its_task_with_it(served: tuple[dict[str, str], int]
     proc.terminate()
     # forwarded to the task; or, if it came before the shim had the task's pid, the shim ends (143) and the
     # server stops the task
-    assert proc.wait(timeout=60) in (0, 128 + 15)
 
     def stopping() -> bool:  # ended (the signal came before Flower's handlers), or in Flower's exit
         return not any(identity(pid) for pid in tasks) or "Task stopped." in log.read_text(errors="replace")
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while not stopping() and time.monotonic() < deadline:
         time.sleep(0.05)
     try:
@@ -101,6 +100,8 @@ def test_a_killed_shim_takes_its_task_with_it(served: tuple[dict[str, str], int]
         for pid in tasks:
             if identity(pid):
                 os.kill(pid, signal.SIGKILL)
+    # the shim ends with its task, with its status: the task's own exit, the signal's 143, or the test's SIGKILL
+    assert proc.wait(timeout=120) in (0, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
 
 
 def children(pid: int) -> list[int]:
