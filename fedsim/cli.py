@@ -17,19 +17,25 @@ from fedsim.errors import DEBUG_ENV, ERROR_FILE_ENV, ChildExit, ConfigError, Fed
 from fedsim.processes import sigterm_as_interrupt, sigterm_raised
 
 
+def _resuming(args: argparse.Namespace) -> bool:
+    """Whether ``fedsim run`` / ``deploy`` continues a run (``--resume RUN_DIR``, which takes the place of the
+    config file and ``--set``) or starts one from a config file."""
+    if args.resume is not None and (args.config is not None or args.set):
+        raise ConfigError(
+            f"fedsim {args.command} --resume RUN_DIR takes no config file and no --set: RUN_DIR/config.yaml is "
+            "the run's"
+        )
+    if args.resume is None and args.config is None:
+        raise ConfigError(
+            f"fedsim {args.command} needs a config file, or --resume RUN_DIR to continue a run from its checkpoint"
+        )
+    return args.resume is not None
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from fedsim import api
 
-    if args.resume is not None:
-        if args.config is not None or args.set:
-            raise ConfigError(
-                "fedsim run --resume RUN_DIR takes no config file and no --set: RUN_DIR/config.yaml is the run's"
-            )
-        run = api.resume(args.resume)
-    elif args.config is None:
-        raise ConfigError("fedsim run needs a config file, or --resume RUN_DIR to continue a run from its checkpoint")
-    else:
-        run = api.run(args.config, args.set)
+    run = api.resume(args.resume) if _resuming(args) else api.run(args.config, args.set)
     print(run.dir)
     return 0
 
@@ -38,10 +44,14 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     from fedsim.config import load_config
     from fedsim.deploy import private_network
     from fedsim.deploy.launcher import deploy
+    from fedsim.server.checkpoint import resume_config
 
-    # inside the private network (fedsim.deploy.private_network) the config comes planned, on stdin
-    cfg = private_network.received_config() if private_network.inside() else load_config(args.config, args.set)
-    summary = deploy(cfg)
+    resume = _resuming(args)
+    if private_network.inside():  # the launcher outside (fedsim.deploy.private_network) planned it: on stdin
+        cfg = private_network.received_config()
+    else:
+        cfg = resume_config(args.resume) if resume else load_config(args.config, args.set)
+    summary = deploy(cfg, resume=resume)
     print(summary["run_dir"])
     return 0
 
@@ -143,8 +153,16 @@ def build_parser() -> argparse.ArgumentParser:
     dep = sub.add_parser(
         "deploy", help="run one experiment on a real Flower SuperLink + one SuperNode per client, on this host"
     )
-    dep.add_argument("config", help="path to the YAML config (its deploy: section: address, port, tls, auth)")
+    dep.add_argument(
+        "config", nargs="?", help="path to the YAML config (its deploy: section: address, port, tls, auth)"
+    )
     dep.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config values")
+    dep.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        default=None,
+        help="continue a deployed run whose SuperLink, ServerApp or launcher was killed, from its last checkpoint",
+    )
     dep.set_defaults(func=_cmd_deploy)
     comp = sub.add_parser("compose", help="write a Docker Compose project: SuperLink, N SuperNodes, submit")
     comp.add_argument("config", help="path to the YAML config")

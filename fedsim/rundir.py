@@ -136,10 +136,11 @@ def resolved(path: Path, field: str) -> Path:
 @contextmanager
 def claimed(path: Path, resume: bool = False, field: str = "output.run_dir", owner: str = "run") -> Iterator[None]:
     """Own ``path`` for one ``owner`` (a run, a sweep) while the block runs: a fresh run (``resume`` false)
-    also clears the leftovers of a killed run there; a directory another live one owns is an error naming
-    its pid. ``field``: the config field or argument that named ``path``, for messages. Only a directory that
-    is fedsim's ``owner`` is claimed (:mod:`fedsim.ownership`), and marked so; except a run resumed, whose
-    checkpoint (checksummed, :mod:`fedsim.integrity`) shows it is fedsim's, marked or not."""
+    also clears the leftovers of a killed run there, a resumed one the stopped server's ``progress.json`` and
+    ``error.txt``; a directory another live one owns is an error naming its pid. ``field``: the config field
+    or argument that named ``path``, for messages. Only a directory that is fedsim's ``owner`` is claimed
+    (:mod:`fedsim.ownership`), and marked so; except a run resumed, whose checkpoint (checksummed,
+    :mod:`fedsim.integrity`) shows it is fedsim's, marked or not."""
     path = resolved(path, field)
     if not resume:
         check_fresh(path, field, owner)
@@ -169,6 +170,9 @@ def claimed(path: Path, resume: bool = False, field: str = "output.run_dir", own
                 (path / name).unlink(missing_ok=True)
             for name in RUN_DIRS:
                 shutil.rmtree(path / name, ignore_errors=True)
+        else:  # not this run's: a launcher that polls them would show the old round, or stop at the old error
+            for name in (PROGRESS, ERROR):
+                (path / name).unlink(missing_ok=True)
         yield
     finally:
         os.close(fd)  # releases the lock

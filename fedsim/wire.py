@@ -25,6 +25,7 @@ METRICS = "metrics"  # the reply's MetricRecord
 # ConfigRecord entries
 SERVER_ROUND = "server-round"  # set by Flower's strategies too
 RUN_CONFIG = "fedsim-config"  # the RunConfig as JSON: clients need no files of their own
+RESUME = "fedsim-resume"  # a run config entry, in no message: the ServerApp goes on from the run dir's checkpoint
 
 # MetricRecord entries
 NUM_EXAMPLES = "num-examples"  # Flower's default weighting key
@@ -73,6 +74,8 @@ PROTOCOL: tuple[Key, ...] = (
     Key("node config", "node", "node_config", PARTITION_ID, "int", "the partition this node holds (required)"),
     Key("node config", "node", "node_config", NUM_PARTITIONS, "int", "how many partitions the federation has"),
     Key("node config", "node", "node_config", STATE_DIR, "str", "where this node keeps client state (optional)"),
+    Key("run config", "launcher → server", "run_config", RUN_CONFIG, "str", "the run's config as JSON"),
+    Key("run config", "launcher → server", "run_config", RESUME, "bool", "go on from the run dir's checkpoint"),
     Key(QUERY_PARTITION, "client → server", METRICS, PARTITION_ID, "int", "the node's partition id"),
     Key(TRAIN, "server → client", ARRAYS, "*", "ArrayRecord", "the global model's state dict"),
     Key(TRAIN, "server → client", CONFIG, SERVER_ROUND, "int", "the round"),
@@ -112,13 +115,14 @@ def protocol_markdown() -> str:
 
 Generated from `fedsim/wire.py` (`python -m fedsim.wire > docs/protocol.md`; a test keeps them equal).
 
-fedsim's ServerApp first sends every node a `{QUERY_PARTITION}` message and maps partition ids to
-node ids from the replies (node ids are random per run, partition ids are not). Each round it sends
-`{TRAIN}` messages to the clients it sampled, and on evaluation rounds `{EVALUATE}` messages to
-every client. Checkpoints send `{SAVE_STATE}`; a resumed run sends `{LOAD_STATE}` before its
-first round. A client whose reply lacks a key below is reported by node and key; a ClientApp that
-has no `{QUERY_PARTITION}` handler (a stock Flower ClientApp) is refused before round 1. Strategy
-records (FedProx, SCAFFOLD) travel only under those strategies.
+A launcher (`fedsim deploy`, a compose project's `submit`) hands the ServerApp the run's config and
+whether to resume it in Flower's run config. fedsim's ServerApp first sends every node a
+`{QUERY_PARTITION}` message and maps partition ids to node ids from the replies (node ids are random
+per run, partition ids are not). Each round it sends `{TRAIN}` messages to the clients it sampled, and
+on evaluation rounds `{EVALUATE}` messages to every client. Checkpoints send `{SAVE_STATE}`; a resumed
+run sends `{LOAD_STATE}` before its first round. A client whose reply lacks a key below is reported by
+node and key; a ClientApp that has no `{QUERY_PARTITION}` handler (a stock Flower ClientApp) is refused
+before round 1. Strategy records (FedProx, SCAFFOLD) travel only under those strategies.
 
 | message | direction | record | key | type | meaning |
 |---|---|---|---|---|---|

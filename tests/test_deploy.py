@@ -18,6 +18,7 @@ import pytest
 from fedsim.config import RunConfig, parse_config
 from fedsim.ports import free_port
 from fedsim.runner import run
+from fedsim.server.checkpoint import Checkpoint
 from tests.conftest import REPO, small_config, write_config
 
 pytestmark = pytest.mark.slow
@@ -34,10 +35,13 @@ def deploy_config(tmp_path: Path, **sections: dict) -> dict:
 
 
 def launch(tmp_path: Path, cfg: dict, sigint_ignored: bool = False) -> subprocess.Popen[str]:
-    """``fedsim deploy`` as a process; ``sigint_ignored``: as a script's background job starts it."""
-    path = write_config(tmp_path, cfg)
+    """``fedsim deploy`` of ``cfg`` as a process; ``sigint_ignored``: as a script's background job starts it."""
+    return fedsim_deploy(tmp_path, str(write_config(tmp_path, cfg)), sigint_ignored=sigint_ignored)
+
+
+def fedsim_deploy(cwd: Path, *args: str, sigint_ignored: bool = False) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "fedsim.cli", "deploy", str(path)], cwd=tmp_path, text=True,
+        [sys.executable, "-m", "fedsim.cli", "deploy", *args], cwd=cwd, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
     )  # fmt: skip
@@ -116,20 +120,59 @@ def assert_same_numbers(deployed: list[dict], simulated: list[dict]) -> None:
             assert d[key] == pytest.approx(s[key], rel=1e-5, abs=1e-6), key
 
 
-def test_deploy_gives_the_simulation_metrics_and_stops_every_process(tmp_path: Path) -> None:
-    cfg = deploy_config(tmp_path)
-    rc, out, err = finish(launch(tmp_path, cfg))
+def test_killed_deploy_resumes_to_the_simulation_metrics_and_stops_every_process(tmp_path: Path) -> None:
+    """A deployed run whose SuperLink and ServerApp are SIGKILLed as round 2 starts, after round 1's checkpoint
+    (tests/plugins/superlink_killer.py: at that round on any machine, no watcher racing the run), continued by
+    `fedsim deploy --resume RUN_DIR` on new SuperNodes, which load SCAFFOLD's c_i of round 1 from the checkpoint:
+    the metrics of an uninterrupted `fedsim run` (the plugin is SCAFFOLD otherwise)."""
+    killer = {"name": "tests.plugins.superlink_killer:KillSuperLink", "kill_round": 2}
+    every_round = {"train": {"rounds": 3}, "eval": {"every": 1}, "output": {"checkpoint_every": 1}}
+    cfg = deploy_config(tmp_path, strategy=killer, **every_round)
+    rc, _, err = finish(launch(tmp_path, cfg))
+    assert rc == 2 and "fedsim: error: the SuperLink exited" in err, err[-3000:]
+    run_dir = run_dir_of(tmp_path)
+    assert wait_no_processes(run_dir, timeout=60) == []
+    assert Checkpoint.load(run_dir).round == 1 and not (run_dir / "summary.json").exists()
+    states = sorted(p.relative_to(run_dir).as_posix() for p in (run_dir / "client_state").rglob("*.bin"))
+    assert states == ["client_state/partition-0/round-1.bin", "client_state/partition-1/round-1.bin"]
+
+    rc, out, err = finish(fedsim_deploy(tmp_path, "--resume", str(run_dir)))
     assert rc == 0, err[-3000:]
-    run_dir = Path(out.strip().splitlines()[-1])
+    assert Path(out.strip().splitlines()[-1]) == run_dir.resolve()
     assert processes_of(run_dir) == []
     for name in ("config.yaml", "partition.csv", "metrics.jsonl", "summary.json", "model.pt"):
         assert (run_dir / name).is_file(), name
+    assert json.loads((run_dir / "summary.json").read_text())["resumed_from_round"] == 1
     logs = run_dir / "deploy"
     assert {p.name for p in logs.glob("*.log")} >= {"superlink.log", "supernode-0.log", "supernode-1.log"}
+    assert (logs / "superlink.log").read_text().count("Starting Flower SuperLink") == 2  # the killed run's kept
 
-    inline = small_config(tmp_path / "inline", train=cfg["train"], eval=cfg["eval"])
-    summary = run(parse_config(inline))
-    assert_same_numbers(metrics(run_dir), metrics(Path(summary["run_dir"])))
+    inline = small_config(tmp_path / "inline", strategy={"name": "scaffold"}, train=cfg["train"], eval=cfg["eval"])
+    simulated = metrics(Path(run(parse_config(inline))["run_dir"]))
+    assert [m["round"] for m in simulated] == [1, 2, 3]
+    assert_same_numbers(metrics(run_dir), simulated)
+
+
+def test_deploy_resume_refuses_what_it_cannot_continue(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each in one line, before any process starts, as `fedsim run --resume` says it (tests/test_resume.py)."""
+    from fedsim.cli import main
+
+    def error(*argv: str) -> str:
+        assert main(["deploy", *argv]) == 2
+        return capsys.readouterr().err
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    assert "not a run directory (no config.yaml)" in error("--resume", str(run_dir))
+    assert "fedsim deploy needs a config file, or --resume RUN_DIR" in error()
+    config = write_config(run_dir, deploy_config(tmp_path, output={"checkpoint_every": 1}), "config.yaml")
+    both = error(str(config), "--resume", str(run_dir))
+    assert "fedsim deploy --resume RUN_DIR takes no config file and no --set" in both
+    message = error("--resume", str(run_dir))
+    assert "no checkpoint.pt to resume from" in message and "this run: 1" in message
+    (run_dir / "summary.json").write_text("{}")
+    assert "the run already finished (summary.json exists)" in error("--resume", str(run_dir))
+    assert list(tmp_path.glob("runs/*")) == []  # nothing started, nothing made
 
 
 def wait_no_processes(run_dir: Path, timeout: float) -> list[int]:

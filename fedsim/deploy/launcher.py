@@ -2,7 +2,9 @@
 
 It starts a SuperLink and one SuperNode process per client, submits the run with the flwr CLI,
 shows the ServerApp's progress from the run directory and stops every process it started, in its
-own process group, on success, on error and on Ctrl-C / SIGTERM.
+own process group, on success, on error and on Ctrl-C / SIGTERM. ``fedsim deploy --resume RUN_DIR``
+does the same for a run whose SuperLink, ServerApp or launcher was killed: the ServerApp goes on from the
+run directory's checkpoint, and the new SuperNodes load their clients' state of that round from it.
 """
 
 from __future__ import annotations
@@ -80,9 +82,9 @@ def check_address(address: str) -> None:
 class LocalDeployment:
     """The processes of one deployed run; use as a context manager so they always stop."""
 
-    def __init__(self, cfg: RunConfig, wrap: Wrap | None = None) -> None:
+    def __init__(self, cfg: RunConfig, wrap: Wrap | None = None, resume: bool = False) -> None:
         assert cfg.output.run_dir, "fedsim.runner.plan() fixes the run directory first"
-        self.cfg = cfg
+        self.cfg, self.resume = cfg, resume
         self.run_dir = Path(cfg.output.run_dir).resolve()  # the flwr CLI runs elsewhere
         self.workdir = self.run_dir / "deploy"
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -120,7 +122,8 @@ class LocalDeployment:
         return {**os.environ, **OFFLINE_ENV, **RUNTIME_ENV, "FLWR_HOME": home_dir, HELD_ENV: str(self.run_dir)}
 
     def _spawn(self, name: str, role: str, cmd: list[str]) -> None:
-        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 (the process owns it)
+        # appended: a resumed run's logs follow those of the run that was killed
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 (the process owns it)
         self.procs[name] = subprocess.Popen(
             self.wrap.get(role, []) + cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env(name),
             start_new_session=True,  # Ctrl-C reaches this launcher only, which stops them in order
@@ -136,7 +139,7 @@ class LocalDeployment:
         self._spawn("superlink", "superlink", topo.superlink_command())
         wait_for_port(topo.superlink_host, topo.superlink_port, self.procs["superlink"], timeout,
                       f"the SuperLink (log: {self.workdir / 'superlink.log'})")  # fmt: skip
-        write_app(self.workdir, self.cfg, topo)
+        write_app(self.workdir, self.cfg, topo, self.resume)
         if topo.node_keys is not None:
             for _, public in self.node_keys:
                 self.flwr(["supernode", "register", str(public), CONNECTION])
@@ -168,6 +171,11 @@ class LocalDeployment:
         out = self.flwr(["run", str(self.workdir / "app"), CONNECTION, "--run-config",
                          str(self.workdir / "run-config.toml")])  # fmt: skip
         return int(out["run-id"])
+
+    def _check_superlink(self) -> None:
+        """A SuperLink that exited ends the run: an error naming its log."""
+        if not self.alive("superlink"):
+            raise FedsimError(f"the SuperLink exited (log: {self.workdir / 'superlink.log'})")
 
     def run_status(self, run_id: int) -> str:
         runs = self.flwr(["ls", CONNECTION, "--run-id", str(run_id)]).get("runs", [])
@@ -205,14 +213,17 @@ class LocalDeployment:
             if (result := ended(self.run_dir)) is not None:
                 _show(self.run_dir, progress)
                 return result
-            if not self.alive("superlink"):
-                raise FedsimError(f"the SuperLink exited (log: {self.workdir / 'superlink.log'})")
+            self._check_superlink()
             if not (self.run_dir / PROGRESS).exists():  # before round 1: a dead SuperNode is a setup error
                 for name in self.procs:
                     if name != "superlink" and not self.alive(name):
                         raise FedsimError(f"{name} exited before the first round (log: {self.workdir / name}.log)")
             if time.monotonic() > next_status:
-                status = self.run_status(run_id)
+                try:
+                    status = self.run_status(run_id)
+                except FedsimError:  # the flwr CLI found no SuperLink: say why, if that is why
+                    self._check_superlink()
+                    raise
                 if status.startswith("finished") and not summary.exists() and not error.exists():
                     log = self.save_server_log(run_id)
                     raise FedsimError(f"run {run_id} ended as {status} without a summary; the ServerApp's "
@@ -243,20 +254,21 @@ def _show(run_dir: Path, progress: RoundProgress) -> None:
     progress.update(p["round"], p["loss"], p["acc"])
 
 
-def deploy(cfg: RunConfig, wrap: Wrap | None = None) -> dict[str, Any]:
-    """Run ``cfg`` on a SuperLink and one SuperNode per client on this host; returns the summary."""
+def deploy(cfg: RunConfig, wrap: Wrap | None = None, resume: bool = False) -> dict[str, Any]:
+    """Run ``cfg`` on a SuperLink and one SuperNode per client on this host; returns the summary. ``resume``:
+    go on from the checkpoint in its run dir (:func:`fedsim.server.checkpoint.resume_config`)."""
     from fedsim.client.vectorized import refusal
     from fedsim.runner import plan
 
     if why := refusal(cfg, "deploy"):
         raise ConfigError(why)
     check_address(cfg.deploy.address)
-    experiment = plan(cfg)  # validates data and split before any process starts
+    experiment = plan(cfg, resume)  # validates data and split before any process starts
     cfg = experiment.config.model_copy(deep=True)
     cfg.output.run_dir = str(Path(cfg.output.run_dir or "").resolve())
     if private_network.wanted(cfg):  # loopback only: no other local process may reach the SuperLink
         if (why := private_network.unavailable()) is None:
-            return private_network.deploy_inside(cfg)
+            return private_network.deploy_inside(cfg, resume)
         private_network.warn_exposed(cfg, why)
     show = cfg.output.progress
     server_cfg = cfg.model_copy(deep=True)
@@ -264,7 +276,11 @@ def deploy(cfg: RunConfig, wrap: Wrap | None = None) -> dict[str, Any]:
     fed = experiment.federation()
     if show:
         console.print(partition_table(fed.train_counts, fed.test_counts, fed.dataset.classes))
-    with sigterm_as_interrupt(), claimed(Path(cfg.output.run_dir)), LocalDeployment(server_cfg, wrap) as dep:
+    with (
+        sigterm_as_interrupt(),
+        claimed(Path(cfg.output.run_dir), resume),
+        LocalDeployment(server_cfg, wrap, resume) as dep,
+    ):
         dep.start()
         run_id = dep.submit()
         progress = RoundProgress(cfg.train.rounds, show)

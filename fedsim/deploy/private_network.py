@@ -59,9 +59,11 @@ def unavailable() -> str | None:
     return None if probe.returncode == 0 else (probe.stderr.strip() or f"unshare exited {probe.returncode}")
 
 
-def deploy_inside(cfg: RunConfig) -> dict[str, Any]:
-    """Run the deployment of ``cfg`` (planned: its run directory fixed) in a private network; its summary."""
-    cmd = [*UNSHARE, sys.executable, "-m", "fedsim.cli", "deploy", "-"]
+def deploy_inside(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
+    """Run the deployment of ``cfg`` (planned: its run directory fixed) in a private network, from the
+    checkpoint in its run directory if ``resume``; its summary."""
+    given = ["--resume", "-"] if resume else ["-"]  # "-": the config comes on stdin, planned
+    cmd = [*UNSHARE, sys.executable, "-m", "fedsim.cli", "deploy", *given]
     parent = os.getpid()
     env = {**os.environ, ENV: str(parent)}
 

@@ -119,20 +119,21 @@ def app_pyproject() -> str:
         "tool": {"flwr": {"app": {
             "publisher": "fedsim",
             "components": {"serverapp": "fedsim.server.app:app", "clientapp": "fedsim.client.app:app"},
-            "config": {wire.RUN_CONFIG: ""},
+            "config": {wire.RUN_CONFIG: "", wire.RESUME: False},  # the SuperLink refuses keys not named here
         }}},
     })  # fmt: skip
 
 
-def run_config_toml(cfg: RunConfig) -> str:
-    """``--run-config`` file carrying the whole validated config to the ServerApp."""
-    return tomli_w.dumps({wire.RUN_CONFIG: cfg.to_json()})
+def run_config_toml(cfg: RunConfig, resume: bool = False) -> str:
+    """``--run-config`` file carrying the whole validated config to the ServerApp; ``resume``: it goes on from
+    the checkpoint in the config's run directory."""
+    return tomli_w.dumps({wire.RUN_CONFIG: cfg.to_json(), wire.RESUME: resume})
 
 
-def write_app(directory: Path, cfg: RunConfig, topology: Topology) -> None:
+def write_app(directory: Path, cfg: RunConfig, topology: Topology, resume: bool = False) -> None:
     """The files the flwr CLI needs: the app, the run config and the SuperLink connection."""
     (directory / "app").mkdir(parents=True, exist_ok=True)
     (directory / "app" / "pyproject.toml").write_text(app_pyproject())
-    (directory / "run-config.toml").write_text(run_config_toml(cfg))
+    (directory / "run-config.toml").write_text(run_config_toml(cfg, resume))
     (directory / "flwr").mkdir(exist_ok=True)
     (directory / "flwr" / "config.toml").write_text(topology.connection_toml())

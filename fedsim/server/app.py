@@ -1,8 +1,10 @@
 """fedsim's Flower ServerApp, for Flower's own runtimes (a SuperLink, ``flwr run``).
 
 It reads the run config from Flower's run config (inline JSON, or a YAML path inside the app
-bundle), resolves it, and runs :func:`fedsim.server.loop.run_server`. Under a SuperLink nobody sees
-this process's traceback, so an error also lands in the run directory (``error.txt``).
+bundle), resolves it, and runs :func:`fedsim.server.loop.run_server`; with ``fedsim-resume = true`` in
+the run config, from the checkpoint in the run directory (refused as ``fedsim run --resume`` refuses a
+run that cannot resume). Under a SuperLink nobody sees this process's traceback, so an error also lands
+in the run directory (``error.txt``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from fedsim.deploy import flower_waits
 from fedsim.errors import FedsimError
 from fedsim.experiment import resolve
 from fedsim.rundir import RunDir, claimed, default_run_dir
+from fedsim.server.checkpoint import resume_config
 from fedsim.server.loop import run_server
 from fedsim.server.polling import PromptGrid
 
@@ -49,10 +52,13 @@ def main(grid: Grid, context: Context) -> None:
     if isinstance(grid, HttpGrid):  # under a SuperLink: replies' objects retried after 1 s, not 20 ms
         flower_waits.shorten_object_pulls()
     cfg = config_from_context(context)
+    resume = bool(context.run_config.get(wire.RESUME, False))  # fedsim deploy --resume
     cfg.output.run_dir = str(default_run_dir(cfg))  # fixed once: an error lands in the run's own directory
-    with claimed(Path(cfg.output.run_dir)):  # not ours (in use, finished): the error is raised, nothing written
+    with claimed(Path(cfg.output.run_dir), resume):  # not ours (in use, finished): raised, nothing written
         try:
-            run_server(PromptGrid(grid), resolve(cfg))  # no 3 s sleeps between a SuperLink's pulls
+            if resume:  # a finished run, or one with no checkpoint: one line, as fedsim run --resume says it
+                resume_config(cfg.output.run_dir)
+            run_server(PromptGrid(grid), resolve(cfg), resume)  # no 3 s sleeps between a SuperLink's pulls
         except Exception as err:  # under a SuperLink nobody sees this process's traceback: leave the reason
             message = str(err) if isinstance(err, FedsimError) else f"{type(err).__name__}: {err}"
             RunDir(cfg.output.run_dir).write_error(message)
