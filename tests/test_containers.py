@@ -132,7 +132,7 @@ def test_tls_and_supernode_auth_give_the_same_metrics_and_submit_runs_again(proj
         time.sleep(1)
     t0 = time.monotonic()
     docker("stop", "--time", "30", again)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 25  # before docker's 30 s SIGKILL, which the exit code checks
     assert docker("inspect", "-f", "{{.State.ExitCode}}", again).stdout.strip() == "143"  # not 137: killed
 
 

