@@ -16,6 +16,7 @@ import torch
 from fedsim.config import RunConfig
 from fedsim.data import ArrayDataset, DatasetLoader, data_source, read_dataset
 from fedsim.data.batches import to_float
+from fedsim.data.fingerprint import fingerprint
 from fedsim.errors import DataError, FedsimError
 from fedsim.partitions import Labels, Partition, Partitioner, class_counts
 
@@ -44,6 +45,12 @@ class Federation:
     partition: Partition
     train_counts: np.ndarray  # (num_clients, num_classes)
     test_counts: np.ndarray
+
+    @cached_property
+    def data_sha256(self) -> str:
+        """The dataset's fingerprint (:mod:`fedsim.data.fingerprint`), once per process: the server records it and
+        every client node reports it before round 1."""
+        return fingerprint(self.dataset)
 
     @cached_property
     def channel_stats(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,7 +27,7 @@ from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.client.runtime import ClientRuntime, round_seed
 from fedsim.client.training import ClientRound, train_local
 from fedsim.config import RunConfig, apply_overrides, parse_config, read_yaml
-from fedsim.data.fingerprint import DATA_FINGERPRINT, check_same_data, fingerprint
+from fedsim.data.fingerprint import DATA_FINGERPRINT, check_same_data
 from fedsim.diagnostics import ProbeDiagnostics, probe_images
 from fedsim.engines.layout import torch_threads
 from fedsim.errors import ConfigError, DataError, FedsimError
@@ -118,9 +118,7 @@ def continue_locally(
     summary = read_summary(Path(run_dir))
     runtime = ClientRuntime(resolve(cfg))
     # the run's model continued on other data would be no continuation of it
-    check_same_data(
-        summary.get(DATA_FINGERPRINT), fingerprint(runtime.fed.dataset), Path(run_dir) / SUMMARY, cfg.data.root
-    )
+    check_same_data(summary.get(DATA_FINGERPRINT), runtime.fed.data_sha256, Path(run_dir) / SUMMARY, cfg.data.root)
     torch.set_num_threads(torch_threads(cfg.simulation))
     data = runtime.data(client)
     if len(data.y_train) == 0:

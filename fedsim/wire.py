@@ -9,6 +9,7 @@ equal). The readers at the end are how either side reads a key it needs: a missi
 from __future__ import annotations
 
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ METRICS = "metrics"  # the reply's MetricRecord
 SERVER_ROUND = "server-round"  # set by Flower's strategies too
 RUN_CONFIG = "fedsim-config"  # the RunConfig as JSON: clients need no files of their own
 RESUME = "fedsim-resume"  # a run config entry, in no message: the ServerApp goes on from the run dir's checkpoint
+DATA_SHA256 = "data-sha256"  # a node's answer to QUERY_PARTITION: the fingerprint of its data (fedsim.data.fingerprint)
 
 # MetricRecord entries
 NUM_EXAMPLES = "num-examples"  # Flower's default weighting key
@@ -38,7 +40,7 @@ EVAL_LOSS = "eval-loss"
 # Message types (Flower's "train" and "evaluate", and fedsim's queries)
 TRAIN = "train"
 EVALUATE = "evaluate"
-QUERY_PARTITION = "query.partition"  # asks a node which partition it holds
+QUERY_PARTITION = "query.partition"  # asks a node which partition and which data it holds
 SAVE_STATE = "query.save_state"  # a checkpoint: write your Context.state of round STATE_ROUND
 LOAD_STATE = "query.load_state"  # a resumed run: load your newest state of a round <= STATE_ROUND
 
@@ -76,7 +78,9 @@ PROTOCOL: tuple[Key, ...] = (
     Key("node config", "node", "node_config", STATE_DIR, "str", "where this node keeps client state (optional)"),
     Key("run config", "launcher → server", "run_config", RUN_CONFIG, "str", "the run's config as JSON"),
     Key("run config", "launcher → server", "run_config", RESUME, "bool", "go on from the run dir's checkpoint"),
+    Key(QUERY_PARTITION, "server → client", CONFIG, RUN_CONFIG, "str", "the run's config as JSON"),
     Key(QUERY_PARTITION, "client → server", METRICS, PARTITION_ID, "int", "the node's partition id"),
+    Key(QUERY_PARTITION, "client → server", CONFIG, DATA_SHA256, "str", "SHA-256 of the data the node read (hex)"),
     Key(TRAIN, "server → client", ARRAYS, "*", "ArrayRecord", "the global model's state dict"),
     Key(TRAIN, "server → client", CONFIG, SERVER_ROUND, "int", "the round"),
     Key(TRAIN, "server → client", CONFIG, RUN_CONFIG, "str", "the run's config as JSON"),
@@ -118,11 +122,13 @@ Generated from `fedsim/wire.py` (`python -m fedsim.wire > docs/protocol.md`; a t
 A launcher (`fedsim deploy`, a compose project's `submit`) hands the ServerApp the run's config and
 whether to resume it in Flower's run config. fedsim's ServerApp first sends every node a
 `{QUERY_PARTITION}` message and maps partition ids to node ids from the replies (node ids are random
-per run, partition ids are not). Each round it sends `{TRAIN}` messages to the clients it sampled, and
-on evaluation rounds `{EVALUATE}` messages to every client. Checkpoints send `{SAVE_STATE}`; a resumed
-run sends `{LOAD_STATE}` before its first round. A client whose reply lacks a key below is reported by
-node and key; a ClientApp that has no `{QUERY_PARTITION}` handler (a stock Flower ClientApp) is refused
-before round 1. Strategy records (FedProx, SCAFFOLD) travel only under those strategies.
+per run, partition ids are not). Each node reads the run's data to answer it, and a node whose data's
+fingerprint is not the server's is refused before round 1. Each round the server sends `{TRAIN}`
+messages to the clients it sampled, and on evaluation rounds `{EVALUATE}` messages to every client.
+Checkpoints send `{SAVE_STATE}`; a resumed run sends `{LOAD_STATE}` before its first round. A client
+whose reply lacks a key below is reported by node and key; a ClientApp that has no `{QUERY_PARTITION}`
+handler (a stock Flower ClientApp) is refused before round 1. Strategy records (FedProx, SCAFFOLD)
+travel only under those strategies.
 
 | message | direction | record | key | type | meaning |
 |---|---|---|---|---|---|
@@ -135,20 +141,25 @@ before round 1. Strategy records (FedProx, SCAFFOLD) travel only under those str
 
 def reply_metric(msg: Message, key: str) -> int | float:
     """Entry ``key`` of a reply's ``metrics`` record; a reply without it names the node and the key."""
+    return _reply_entry(msg, msg.content.metric_records, "MetricRecord", METRICS, key)  # type: ignore[return-value]
+
+
+def _reply_entry(msg: Message, records: Mapping[str, Mapping[str, object]], kind: str, name: str, key: str) -> object:
+    """Entry ``key`` of the reply's record ``name`` among its ``records`` (those of type ``kind``)."""
     node = msg.metadata.src_node_id
-    kind = msg.metadata.message_type
-    record = msg.content.metric_records.get(METRICS)
+    message = msg.metadata.message_type
+    record = records.get(name)
     if record is None:
         raise ProtocolError(
-            f"node {node}: its {kind!r} reply has no MetricRecord {METRICS!r} (it has "
+            f"node {node}: its {message!r} reply has no {kind} {name!r} (it has "
             f"{sorted(msg.content.keys())}); fedsim's ServerApp needs fedsim's ClientApp (docs/protocol.md)"
         )
     if key not in record:
         raise ProtocolError(
-            f"node {node}: its {kind!r} reply's {METRICS!r} record has no {key!r} (it has {sorted(record)}); "
+            f"node {node}: its {message!r} reply's {name!r} record has no {key!r} (it has {sorted(record)}); "
             "fedsim's ServerApp needs fedsim's ClientApp (docs/protocol.md)"
         )
-    return record[key]  # type: ignore[return-value]
+    return record[key]
 
 
 def partition_of(msg: Message) -> int:
@@ -156,8 +167,13 @@ def partition_of(msg: Message) -> int:
     return int(reply_metric(msg, PARTITION_ID))
 
 
+def data_sha256_of(msg: Message) -> str:
+    """The fingerprint of the data a node read, from its answer to :data:`QUERY_PARTITION`."""
+    return str(_reply_entry(msg, msg.content.config_records, "ConfigRecord", CONFIG, DATA_SHA256))
+
+
 def run_config_json(msg: Message) -> str:
-    """The RunConfig JSON a train / evaluate message carries."""
+    """The RunConfig JSON a train, evaluate or partition query message carries."""
     config = msg.content.config_records.get(CONFIG)
     if config is None or RUN_CONFIG not in config:
         raise ProtocolError(

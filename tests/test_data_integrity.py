@@ -4,21 +4,27 @@ whole, checked read, and the fingerprint of the data a run trained on, which ``-
 
 from __future__ import annotations
 
+import copy
 import errno
 import gzip
 import io
+import json
 import os
 import shutil
 import struct
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from flwr.app import Context, Message
 
-from fedsim import federation
+from fedsim import federation, wire
 from fedsim.cli import main
+from fedsim.client import app as client_app
+from fedsim.client.app import app as fedsim_client
 from fedsim.data import load_dataset
 from fedsim.data.fingerprint import DATA_FINGERPRINT, fingerprint
 from fedsim.errors import DataError
@@ -204,6 +210,45 @@ def test_resume_refuses_other_data_than_the_run_trained_on(
 
     (run_dir / CHECKPOINT).write_bytes(saved)
     assert resume() == 0  # the data it began with
+
+
+def node_reading(partition: int, root: Path) -> Callable[[Message, Context], Message]:
+    """fedsim's ClientApp, but the node holding ``partition`` reads the run's data from ``root``: as a SuperNode
+    whose host holds another copy of the data where the run's data.root points."""
+
+    def serve(msg: Message, context: Context) -> Message:
+        config = msg.content.config_records.get(wire.CONFIG)
+        if wire.node_partition(context) == partition and config is not None and wire.RUN_CONFIG in config:
+            msg = copy.deepcopy(msg)  # the server's record is not the node's to change
+            run = json.loads(wire.run_config_json(msg))
+            run["data"]["root"] = str(root)
+            msg.content.config_records[wire.CONFIG][wire.RUN_CONFIG] = json.dumps(run)
+        return fedsim_client(msg, context)
+
+    return serve
+
+
+def test_a_node_with_other_data_is_refused_before_round_one_whatever_the_failure_policy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every node answers the server's partition query with the fingerprint of the data it read (a deployed
+    SuperNode reads data.root on its own host): a node with a relabelled copy is no node failure to skip."""
+    other = tmp_path / "relabelled.npz"
+    relabelled(MNIST_SMALL, other)
+    monkeypatch.setattr(client_app, "app", node_reading(1, other))  # the engine's nodes run this ClientApp
+    train = {"rounds": 1, "num_clients": 2, "local_steps": 1, "on_client_failure": "skip"}
+    raw = small_config(tmp_path, train=train, eval={"every": 1})
+    raw["output"]["run_dir"] = str(tmp_path / "r")
+    assert main(["run", str(write_config(tmp_path, raw))]) == 2
+    server, node = (fingerprint(load_dataset("npz", path)) for path in (MNIST_SMALL, other))
+    assert server != node
+    assert capsys.readouterr().err == (
+        f"fedsim: error: node 2 (partition 1): data.root {MNIST_SMALL} holds other data than the server's "
+        f"({DATA_FINGERPRINT} {node[:16]}..., the server's {server[:16]}...): refused; give every node the data "
+        "the server reads (a SuperNode trains on what its host holds there)\n"
+    )
+    written = {p.name for p in (tmp_path / "r").iterdir() if not p.name.startswith(".")}
+    assert written == {"config.yaml", "partition.csv"}  # no metrics.jsonl, no progress.json, no summary.json
 
 
 # ----------------------------------------------------------------- temporary files

@@ -11,6 +11,7 @@ from flwr.clientapp import ClientApp
 
 from fedsim import wire
 from fedsim.client.app import app as fedsim_client
+from fedsim.client.app import partition_reply, query_partition
 from fedsim.config import parse_config
 from fedsim.engines.local import InlineExecutor, LocalGrid, node_context
 from fedsim.errors import ProtocolError
@@ -32,12 +33,7 @@ def stock_flower_client(with_partition_query: bool, train_keys: set[str]) -> Cli
         return Message(RecordDict({"arrays": msg.content["arrays"], "metrics": metrics}), reply_to=msg)
 
     if with_partition_query:
-
-        @app.query("partition")
-        def partition(msg: Message, context: Context) -> Message:
-            pid = int(context.node_config[wire.PARTITION_ID])
-            return Message(RecordDict({"metrics": MetricRecord({wire.PARTITION_ID: pid})}), reply_to=msg)
-
+        app.query("partition")(query_partition)  # fedsim's answer: the node's partition and its data's fingerprint
     return app
 
 
@@ -52,6 +48,15 @@ def test_a_stock_flower_client_app_is_refused_before_round_one(tmp_path: Path) -
     message = str(err.value)
     assert "does not run fedsim's ClientApp" in message and "'query.partition'" in message
     assert "docs/protocol.md" in message and "train-loss" in message and "fedsim.client.app:app" in message
+    assert not list((tmp_path / "runs").rglob("metrics.jsonl"))
+
+
+def test_a_partition_answer_without_the_data_fingerprint_names_the_key_and_the_node(tmp_path: Path) -> None:
+    app = ClientApp()
+    app.query("partition")(partition_reply)  # a fedsim before data fingerprints answered with the partition alone
+    with pytest.raises(ProtocolError) as err:
+        serve(tmp_path, app)
+    assert str(err.value).startswith("node 1: its 'query.partition' reply has no ConfigRecord 'config' (it has ")
     assert not list((tmp_path / "runs").rglob("metrics.jsonl"))
 
 
@@ -72,3 +77,5 @@ def test_fedsims_client_names_what_a_message_or_its_node_lacks() -> None:
     query = Message(RecordDict(), dst_node_id=7, message_type=wire.QUERY_PARTITION)
     with pytest.raises(ProtocolError, match=r"node 7: its node config has no 'partition-id'.*--node-config"):
         fedsim_client(query, no_partition)
+    with pytest.raises(ProtocolError, match=r"'query.partition' message has no 'fedsim-config'.*fedsim's ServerApp"):
+        fedsim_client(query, node_context(1, 0, 1))  # the node reads the run's data to answer

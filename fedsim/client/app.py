@@ -6,7 +6,7 @@ message of a run from the run config that message carries.
 
 from __future__ import annotations
 
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedsim import wire
@@ -28,8 +28,11 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 @app.query("partition")
 def query_partition(msg: Message, context: Context) -> Message:
-    """Tell the server which partition this node holds (node ids are random; partition ids not)."""
-    return partition_reply(msg, context)
+    """Tell the server which partition this node holds (node ids are random; partition ids not) and the
+    fingerprint of the data it read for the run (the server refuses a node whose data is not its own)."""
+    reply = partition_reply(msg, context)
+    reply.content[wire.CONFIG] = ConfigRecord({wire.DATA_SHA256: runtime_for(msg).fed.data_sha256})
+    return reply
 
 
 @app.query("save_state")

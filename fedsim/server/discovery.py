@@ -1,27 +1,44 @@
-"""Which node holds which partition: the first thing fedsim's ServerApp asks every node."""
+"""Which node holds which partition, and on which data: the first thing fedsim's ServerApp asks every node.
+
+A node answers once it has read the run's data (its runtime, built from the run config the query carries,
+is the one its rounds use), so a node whose host holds other data at ``data.root`` is refused here, before
+round 1 and whatever ``train.on_client_failure`` says: other data is a misconfigured run, not a node failure.
+"""
 
 from __future__ import annotations
 
 import time
 
-from flwr.app import Message, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedsim import wire
+from fedsim.config import RunConfig
+from fedsim.data.fingerprint import check_node_data
 from fedsim.errors import FedsimError, ProtocolError
 
 # Flower's ClientApp answers a query it has no handler for with an error whose reason says so
 _NO_HANDLER = "No query function registered"
 
 
-def discover_partitions(grid: Grid, num_clients: int, wait_s: float = 600.0) -> dict[int, int]:
-    """Partition id -> node id for every node; waits until ``num_clients`` nodes are connected."""
+def discover_partitions(grid: Grid, cfg: RunConfig, data_sha256: str, wait_s: float = 600.0) -> dict[int, int]:
+    """Partition id -> node id for every node, each of which read the data of fingerprint ``data_sha256``;
+    waits until ``train.num_clients`` nodes are connected."""
+    num_clients = cfg.train.num_clients
     deadline = time.monotonic() + wait_s
     while len(node_ids := list(grid.get_node_ids())) < num_clients:
         if time.monotonic() > deadline:
             raise FedsimError(f"only {len(node_ids)} of {num_clients} client nodes connected in {wait_s:.0f} s")
         time.sleep(0.5)
-    queries = [Message(RecordDict(), dst_node_id=n, message_type=wire.QUERY_PARTITION) for n in node_ids]
+    config_json = cfg.to_json()  # the node reads the run's data from it, as its rounds will
+    queries = [
+        Message(
+            RecordDict({wire.CONFIG: ConfigRecord({wire.RUN_CONFIG: config_json})}),
+            dst_node_id=n,
+            message_type=wire.QUERY_PARTITION,
+        )
+        for n in node_ids
+    ]
     mapping: dict[int, int] = {}
     for reply in grid.send_and_receive(queries, timeout=wait_s):
         node = reply.metadata.src_node_id
@@ -35,6 +52,7 @@ def discover_partitions(grid: Grid, num_clients: int, wait_s: float = 600.0) -> 
                 )
             raise FedsimError(f"node {node} failed the partition query: {reply.error.reason}")
         pid = wire.partition_of(reply)
+        check_node_data(node, pid, wire.data_sha256_of(reply), data_sha256, cfg.data.root)
         if pid in mapping:
             raise FedsimError(f"two nodes claim partition {pid}: check each node's partition-id")
         mapping[pid] = node

@@ -24,7 +24,7 @@ from fedsim import wire
 from fedsim.arrays import to_array_record
 from fedsim.config import RunConfig
 from fedsim.console import console, partition_table, summary_table
-from fedsim.data.fingerprint import DATA_FINGERPRINT, fingerprint
+from fedsim.data.fingerprint import DATA_FINGERPRINT
 from fedsim.engines.layout import torch_threads
 from fedsim.errors import ConfigError, TrainingError
 from fedsim.experiment import Experiment, build_server
@@ -171,7 +171,7 @@ def run_server(grid: Grid, experiment: Experiment, resume: bool = False) -> dict
 def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool) -> dict[str, Any]:
     cfg = experiment.config
     fed = experiment.federation()
-    data_sha256 = fingerprint(fed.dataset)
+    data_sha256 = fed.data_sha256
     resumed = Checkpoint.load(out.path, cfg, data_sha256) if resume else None
     out.write_config(cfg)
     if resumed is not None:
@@ -183,7 +183,7 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool) -
         if fed.partition.note:
             console.print(f"[yellow]note:[/] {fed.partition.note}")
 
-    node_of_partition = discover_partitions(grid, cfg.train.num_clients)
+    node_of_partition = discover_partitions(grid, cfg, data_sha256)
     model = experiment.initial_model()
     setup = ServerSetup(cfg.train.num_clients, frozenset(name for name, _ in model.named_parameters()))
     server = build_server(experiment, setup)
