@@ -40,9 +40,12 @@ def launch(tmp_path: Path, cfg: dict, sigint_ignored: bool = False) -> subproces
 
 
 def fedsim_deploy(cwd: Path, *args: str, sigint_ignored: bool = False) -> subprocess.Popen[str]:
+    # the repository on the path: a config may name a test plugin (tests.plugins...) that the deployed ServerApp
+    # and ClientApps import, and the command runs in cwd, outside the repository
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     return subprocess.Popen(
         [sys.executable, "-m", "fedsim.cli", "deploy", *args], cwd=cwd, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path},
         preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
     )  # fmt: skip
 
