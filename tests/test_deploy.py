@@ -221,22 +221,32 @@ def test_stopping_the_launcher_stops_every_process(tmp_path: Path, sig: signal.S
 def test_killed_supernode_is_skipped_or_stops_the_run(tmp_path: Path) -> None:
     """Both policies side by side: Flower declares a SuperNode dead after two heartbeat intervals without a
     heartbeat (20 s under fedsim-supernode, fedsim.deploy.flower_waits), and the two runs wait for that at
-    the same time."""
+    the same time. SuperNode 1 is killed while the server waits before round 2 (tests/plugins/hold_at_round.py):
+    after round 1's replies, before round 2's Messages, on any machine (a kill that raced round 2 could land
+    while the node was sending its reply, which Flower then reports for every reply of the round)."""
     train = {"rounds": 3, "round_timeout_s": 120}
-    runs = {}
+    runs, holds = {}, {}
     for policy in ("skip", "fail"):
         (tmp_path / policy).mkdir()
-        cfg = deploy_config(tmp_path / policy, train={**train, "on_client_failure": policy}, eval={"every": 3})
+        holds[policy] = tmp_path / policy / "hold"
+        holds[policy].write_text("2")
+        strategy = {"name": "tests.plugins.hold_at_round:HoldAtRound", "hold_file": str(holds[policy])}
+        strategy["side"] = "server"
+        cfg = deploy_config(tmp_path / policy, strategy=strategy, train={**train, "on_client_failure": policy},
+                            eval={"every": 3})  # fmt: skip
         runs[policy] = launch(tmp_path / policy, cfg)
     run_dirs: dict[str, Path] = {}
     deadline = time.monotonic() + 300
     try:
-        while len(run_dirs) < len(runs):  # kill SuperNode 1 of each run as soon as its round 1 is done
-            assert time.monotonic() < deadline, f"round 1 not reached in 300 s by {set(runs) - set(run_dirs)}"
+        while len(run_dirs) < len(runs):  # kill SuperNode 1 of each run while its server waits before round 2
+            assert time.monotonic() < deadline, f"round 2 not reached in 300 s by {set(runs) - set(run_dirs)}"
             for policy, proc in runs.items():
-                if policy not in run_dirs and (run_dir := reached(tmp_path / policy, proc, 1)):
+                assert proc.poll() is None, proc.communicate()
+                if policy not in run_dirs and list(holds[policy].parent.glob("hold.*")):
+                    run_dir = run_dir_of(tmp_path / policy)
                     os.killpg(supernode_pid(run_dir, 1), signal.SIGKILL)  # the SuperNode and its ClientApp
                     run_dirs[policy] = run_dir
+                    holds[policy].unlink()  # round 2 goes on, without SuperNode 1
             time.sleep(0.5)
     except BaseException:
         for proc in runs.values():
