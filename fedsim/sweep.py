@@ -130,11 +130,22 @@ class SweepFile(BaseModel):
 
     @model_validator(mode="after")
     def _each_key_once(self) -> SweepFile:
-        sources = {"grid": set(self.grid), "cells": {k for cell in self.cells for k in cell}}
+        """Each value is set in one place: a key in two of set, grid, cells and axes, or a section that a cell
+        sets beside a key inside it (``train`` and ``train.lr``: the section's mapping replaces what the other
+        set) would leave a cell's name or the set values saying what it does not train. A section in ``set``
+        with keys inside it varied (``model.norm: ln``, then ``model.norm.affine``) refines, as it reads."""
+        sources = {"set": set(self.set), "grid": set(self.grid), "cells": {k for cell in self.cells for k in cell}}
         sources.update({f"axes.{name}": {k for c in combos for k in c} for name, combos in self.axes.items()})
-        for (a, keys_a), (b, keys_b) in itertools.combinations(sources.items(), 2):
-            if both := sorted(keys_a & keys_b):
-                raise ValueError(f"{', '.join(both)} set by both {a} and {b}: set each key in one place")
+        keyed = sorted(((key, source) for source, keys in sources.items() for key in sorted(keys)), key=lambda k: k[0])
+        for (key_a, a), (key_b, b) in itertools.combinations(keyed, 2):  # key_a <= key_b: a section comes first
+            if key_a == key_b and a != b:
+                raise ValueError(f"{key_a} set by both {a} and {b}: set each value in one place")
+            if key_b.startswith(key_a + ".") and a != "set":
+                where = f"both {a} and {b}" if a != b else a
+                raise ValueError(
+                    f"{key_a} and {key_b} set by {where}: the section {key_a} replaces what {key_b} sets; set each "
+                    "value in one place"
+                )
         return self
 
     def size(self) -> int:

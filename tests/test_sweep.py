@@ -207,6 +207,25 @@ def test_invalid_cells_are_refused_together_before_any_run(tmp_path: Path, capsy
     assert not (tmp_path / "sweeps").exists()
 
 
+@pytest.mark.parametrize(
+    ("grid", "extra", "fragment"),
+    [
+        # a section beside a key inside it: the section's mapping would replace the other's value, and the cell
+        # named lr=0.1 would train at 0.2 (and the set values be dropped)
+        ({"train.lr": [0.1], "train": [{"lr": 0.2}]}, {}, "train and train.lr set by grid"),
+        ({}, {"cells": [{"train.lr": 0.1}, {"train": {"lr": 0.1}}]}, "train and train.lr set by cells"),
+        ({"train.rounds": [1, 2]}, {"set": {"train.rounds": 1}}, "train.rounds set by both set and grid"),
+        ({}, {"set": {"train.rounds": 1}, "cells": [{"train": {"lr": 0.2}}]}, "train and train.rounds set by both cells and set"),
+    ],
+)
+def test_a_value_set_in_two_places_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], grid: dict, extra: dict, fragment: str
+) -> None:
+    assert main(["sweep", str(make_sweep(tmp_path, grid, **extra))]) == 2
+    assert fragment in one_line(capsys.readouterr().err)
+    assert not (tmp_path / "sweeps").exists()
+
+
 def failing_run(fail: dict[str, Exception]):  # type: ignore[no-untyped-def]
     """A stand-in for a cell's run: raises ``fail[cell name]``, else a summary (no training needed)."""
     ran: list[str] = []
