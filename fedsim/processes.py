@@ -12,6 +12,7 @@ signalled. Linux only (``/proc``, ``prctl``), as fedsim's deployments are.
 
 from __future__ import annotations
 
+import _thread
 import ctypes
 import os
 import signal
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 WATCH_EVERY_S = 0.5
@@ -212,14 +213,37 @@ def _raise_terminated(signum: int, frame: object) -> NoReturn:
     raise _interrupt(signum)
 
 
+def _deliver_again(unraisable: Any) -> None:
+    """``sys.unraisablehook`` while :func:`sigterm_as_interrupt` runs: a Ctrl-C or SIGTERM raised where Python
+    ignores exceptions (a weakref callback of the import system, a ``__del__``) is printed and dropped, and the
+    command would go on as if no signal had come (a SIGTERM during start-up once was). It is delivered again,
+    to be raised in the main thread once this hook has returned (from a thread: the handler would otherwise run
+    inside this hook, where its exception is dropped again); any other unraisable exception goes to the hook
+    before it."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+        signum = signal.SIGTERM if isinstance(unraisable.exc_value, Terminated) else signal.SIGINT
+        threading.Timer(0.01, _thread.interrupt_main, (signum,)).start()
+        return
+    _hook_before(unraisable)
+
+
+_hook_before = sys.unraisablehook
+
+
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C (as :class:`Terminated`) while the block runs."""
+    """SIGTERM unwinds like Ctrl-C (as :class:`Terminated`) while the block runs, and neither is lost where
+    Python ignores exceptions (:func:`_deliver_again`)."""
+    global _hook_before
     _sigterm_raised.clear()  # one that an earlier block raised (and its caller handled) is not this one's
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    hook = sys.unraisablehook
+    if hook is not _deliver_again:  # not in a block of its own already (fedsim run's inside the CLI's)
+        _hook_before, sys.unraisablehook = hook, _deliver_again
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)  # after the hook: no SIGTERM comes before it
     try:
         yield
     finally:
+        sys.unraisablehook = hook
         signal.signal(signal.SIGTERM, previous)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.processes import Process, alive, tree
+from fedsim.processes import Process, Terminated, alive, sigterm_as_interrupt, tree
 from tests.conftest import REPO, small_config, write_config
 
 STOPPED = "fedsim: interrupted by SIGTERM; metrics written so far are in the run directory\n"
@@ -111,3 +111,28 @@ def test_output_to_a_reader_that_stopped_is_quiet() -> None:
     finally:
         os.close(write_end)
     assert (res.returncode, res.stderr) == (128 + signal.SIGPIPE, b"")
+
+
+class _SignalledOnCollection:
+    """Sends this process a signal from ``__del__``, where Python ignores any exception: the handler's
+    Terminated is raised there and would be dropped (as in a weakref callback of an import during start-up,
+    where a SIGTERM once left fedsim run going)."""
+
+    def __init__(self, sig: signal.Signals) -> None:
+        self.sig = sig
+
+    def __del__(self) -> None:
+        signal.raise_signal(self.sig)
+        sum(range(1000))  # the handler runs here, inside __del__
+
+
+@pytest.mark.parametrize(("sig", "raised"), [(signal.SIGTERM, Terminated), (signal.SIGINT, KeyboardInterrupt)])
+def test_a_signal_raised_where_python_ignores_exceptions_is_raised_again(
+    sig: signal.Signals, raised: type[BaseException]
+) -> None:
+    with pytest.raises(raised), sigterm_as_interrupt():
+        dying = _SignalledOnCollection(sig)
+        del dying
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the main thread's next steps, where the signal is delivered again
+            pass
