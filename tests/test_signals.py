@@ -130,9 +130,14 @@ class _SignalledOnCollection:
 def test_a_signal_raised_where_python_ignores_exceptions_is_raised_again(
     sig: signal.Signals, raised: type[BaseException]
 ) -> None:
-    with pytest.raises(raised), sigterm_as_interrupt():
-        dying = _SignalledOnCollection(sig)
-        del dying
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # the main thread's next steps, where the signal is delivered again
-            pass
+    # Python's own Ctrl-C handler, as a command has it (a test worker may have SIGINT ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(raised), sigterm_as_interrupt():
+            dying = _SignalledOnCollection(sig)
+            del dying
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the main thread's next steps, where the signal is delivered again
+                pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
