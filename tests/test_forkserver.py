@@ -5,8 +5,11 @@ run's runtime is built once in the server for the processes it forks next. That 
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,7 +20,7 @@ import pytest
 
 from fedsim.client import runtime
 from fedsim.config import load_config
-from fedsim.deploy import forkserver
+from fedsim.deploy import clientapp_shim, forkserver
 from fedsim.deploy.supernode import start_fork_server
 from fedsim.processes import identity
 from tests.conftest import REPO
@@ -67,26 +70,73 @@ def test_a_fork_starts_in_a_fraction_of_a_fresh_process(shim_env: dict[str, str]
     assert forked < started, (forked, started)
 
 
+NEVER_ANSWERED = ["--runtime-api-address", "127.0.0.1:9", "--token", "t", "--insecure"]  # retries until stopped
+
+
 def test_a_killed_shim_takes_its_task_with_it(served: tuple[dict[str, str], int], tmp_path: Path) -> None:
     """The SuperExec stopping a task's process stops the task: the forked process gets the signal and ends, or
     begins Flower's exit (it logs "Task stopped." on the shim's stderr, which is the task's)."""
-    # a ClientApp whose SuperNode never answers: it retries until stopped
     log = tmp_path / "task.log"
     with log.open("wb") as err:
         proc = subprocess.Popen(
-            ["flwr-clientapp", "--runtime-api-address", "127.0.0.1:9", "--token", "t", "--insecure"],
-            env=served[0], stdout=subprocess.DEVNULL, stderr=err,
-        )  # fmt: skip
-    server = served[1]
+            ["flwr-clientapp", *NEVER_ANSWERED], env=served[0], stdout=subprocess.DEVNULL, stderr=err
+        )
+    tasks = forked_tasks(served[1])
+    proc.terminate()
+    # forwarded to the task; or, if it came before the shim had the task's pid, the shim ends (143) and the
+    # server stops the task
+    assert_stopped(tasks, log)
+    # the shim ends with its task, with its status: the task's own exit, the signal's 143, or the test's SIGKILL
+    assert proc.wait(timeout=120) in (0, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
+
+
+def test_a_shim_gone_unread_neither_stops_the_server_nor_leaves_its_task(
+    served: tuple[dict[str, str], int], tmp_path: Path
+) -> None:
+    """A shim killed after the server answered but before it read the answer resets its connection: the
+    server stops that task and goes on serving (it once died of the reset, and its task lived on)."""
+    log = tmp_path / "task.log"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(served[0][clientapp_shim.SOCKET_ENV])
+    body = json.dumps({"argv": NEVER_ANSWERED}).encode()
+    with open(os.devnull, "rb") as stdin, log.open("wb") as err:
+        request = clientapp_shim.HEADER.pack(len(body)) + body
+        socket.send_fds(sock, [request], [stdin.fileno(), err.fileno(), err.fileno()])
+    assert select.select([sock], [], [], 60)[0], "no answer from the fork server"
+    pid, _ = clientapp_shim.REPLY.unpack(sock.recv(clientapp_shim.REPLY.size, socket.MSG_PEEK))  # left unread
+    sock.close()
+    assert_stopped([pid], log)
+    ok = shim(served[0], "--help")
+    assert ok.returncode == 0 and "no fork server" not in ok.stderr, ok
+    assert identity(served[1])
+
+
+def test_a_killed_fork_server_takes_its_tasks_with_it(served: tuple[dict[str, str], int], tmp_path: Path) -> None:
+    log = tmp_path / "task.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            ["flwr-clientapp", *NEVER_ANSWERED], env=served[0], stdout=subprocess.DEVNULL, stderr=err
+        )
+    tasks = forked_tasks(served[1])
+    os.kill(served[1], signal.SIGKILL)
+    assert_stopped(tasks, log)
+    assert proc.wait(timeout=120) != 0  # the shim lost its server
+
+
+def forked_tasks(server: int) -> list[int]:
+    """The fork server's children, once it has forked one."""
     deadline = time.monotonic() + 60
     while not (tasks := children(server)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert tasks, "no forked task"
-    proc.terminate()
-    # forwarded to the task; or, if it came before the shim had the task's pid, the shim ends (143) and the
-    # server stops the task
+    return tasks
 
-    def stopping() -> bool:  # ended (the signal came before Flower's handlers), or in Flower's exit
+
+def assert_stopped(tasks: list[int], log: Path) -> None:
+    """Each task ended (the signal came before Flower's handlers), or is in Flower's exit (it logged "Task
+    stopped." on its stderr)."""
+
+    def stopping() -> bool:
         return not any(identity(pid) for pid in tasks) or "Task stopped." in log.read_text(errors="replace")
 
     deadline = time.monotonic() + 120
@@ -100,8 +150,6 @@ def test_a_killed_shim_takes_its_task_with_it(served: tuple[dict[str, str], int]
         for pid in tasks:
             if identity(pid):
                 os.kill(pid, signal.SIGKILL)
-    # the shim ends with its task, with its status: the task's own exit, the signal's 143, or the test's SIGKILL
-    assert proc.wait(timeout=120) in (0, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
 
 
 def children(pid: int) -> list[int]:

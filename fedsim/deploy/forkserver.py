@@ -27,6 +27,7 @@ import traceback
 
 from fedsim.deploy import flower_waits
 from fedsim.deploy.clientapp_shim import HEADER, REPLY
+from fedsim.processes import die_with
 
 MAX_REQUEST = 1 << 20  # bytes of one request's JSON (its command line)
 MAX_CONFIG = 1 << 22  # bytes of a run config a child announces
@@ -67,12 +68,13 @@ def read_request(conn: socket.socket) -> tuple[list[str], list[int]]:
     return argv, fds
 
 
-def run_task(argv: list[str], fds: list[int], announce: socket.socket) -> None:
-    """In a forked child: become ``flwr-clientapp argv`` on the shim's stdio; never returns."""
+def run_task(argv: list[str], fds: list[int], announce: socket.socket, server: int) -> None:
+    """In a forked child of ``server``: become ``flwr-clientapp argv`` on the shim's stdio; never returns."""
     code: int = 1
     try:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        die_with(server)  # a fork server that ends, however it ends, takes its tasks with it
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
@@ -120,13 +122,18 @@ def serve(listener: socket.socket) -> None:
     sel.register(listener, selectors.EVENT_READ)
     sel.register(announced, selectors.EVENT_READ)
     tasks: dict[int, socket.socket] = {}  # each task's pid: the connection of the shim waiting for it
+    server = os.getpid()
     while True:
         for key, _ in sel.select(timeout=0.05):
             if key.fileobj is listener:
-                conn, _ = listener.accept()
+                try:
+                    conn, _ = listener.accept()
+                except OSError as err:  # out of file descriptors, say: that shim runs Flower's own command
+                    print(f"fedsim fork server: refused a connection: {err}", file=sys.stderr)
+                    continue
                 try:
                     argv, fds = read_request(conn)
-                except (OSError, ValueError) as err:
+                except (OSError, ValueError) as err:  # a shim gone or broken is that shim's failure, not the node's
                     print(f"fedsim fork server: refused a request: {err}", file=sys.stderr)
                     conn.close()
                     continue
@@ -138,18 +145,31 @@ def serve(listener: socket.socket) -> None:
                     conn.close()
                     for waiting in tasks.values():
                         waiting.close()
-                    run_task(argv, fds, announce)
+                    run_task(argv, fds, announce, server)
                 for fd in fds:
                     os.close(fd)
-                conn.sendall(REPLY.pack(pid, 0))
                 tasks[pid] = conn
+                try:
+                    conn.sendall(REPLY.pack(pid, 0))
+                except OSError:  # the shim went before it heard the pid: nobody waits for the task
+                    os.kill(pid, signal.SIGTERM)
+                    continue
                 sel.register(conn, selectors.EVENT_READ, pid)
             elif key.fileobj is announced:
                 warm(announced.recv(MAX_CONFIG))
-            elif key.data in tasks and not key.fileobj.recv(1):  # type: ignore[union-attr]
-                os.kill(key.data, signal.SIGTERM)  # its shim is gone: so is whoever waited for the task
+            elif key.data in tasks and shim_gone(key.fileobj):  # type: ignore[arg-type]
+                os.kill(key.data, signal.SIGTERM)  # so is whoever waited for the task
                 sel.unregister(key.fileobj)
         reap(tasks, sel)
+
+
+def shim_gone(conn: socket.socket) -> bool:
+    """A shim's connection became readable: the shim sends nothing after its request, so it closed; a
+    shim killed before it read the server's reply resets the connection instead."""
+    try:
+        return not conn.recv(1)
+    except OSError:
+        return True
 
 
 def reap(tasks: dict[int, socket.socket], sel: selectors.BaseSelector) -> None:
