@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fedsim.config import RunConfig, parse_config
 from fedsim.ports import free_port
@@ -129,7 +130,9 @@ def test_killed_deploy_resumes_to_the_simulation_metrics_and_stops_every_process
     `fedsim deploy --resume RUN_DIR` on new SuperNodes, which load SCAFFOLD's c_i of round 1 from the checkpoint:
     the metrics of an uninterrupted `fedsim run` (the plugin is SCAFFOLD otherwise)."""
     killer = {"name": "tests.plugins.superlink_killer:KillSuperLink", "kill_round": 2}
-    every_round = {"train": {"rounds": 3}, "eval": {"every": 1}, "output": {"checkpoint_every": 1}}
+    # progress shown: the run dir records the user's choice (not the SuperLink's ServerApp's silence), which
+    # the resumed launcher shows
+    every_round = {"train": {"rounds": 3}, "eval": {"every": 1}, "output": {"checkpoint_every": 1, "progress": True}}
     cfg = deploy_config(tmp_path, strategy=killer, **every_round)
     rc, _, err = finish(launch(tmp_path, cfg))
     assert rc == 2 and "fedsim: error: the SuperLink exited" in err, err[-3000:]
@@ -139,8 +142,10 @@ def test_killed_deploy_resumes_to_the_simulation_metrics_and_stops_every_process
     states = sorted(p.relative_to(run_dir).as_posix() for p in (run_dir / "client_state").rglob("*.bin"))
     assert states == ["client_state/partition-0/round-1.bin", "client_state/partition-1/round-1.bin"]
 
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["output"]["progress"] is True
     rc, out, err = finish(fedsim_deploy(tmp_path, "--resume", str(run_dir)))
     assert rc == 0, err[-3000:]
+    assert "fedsim run summary" in out + err and "resumed_from_round" in out + err
     assert Path(out.strip().splitlines()[-1]) == run_dir.resolve()
     assert processes_of(run_dir) == []
     for name in ("config.yaml", "partition.csv", "metrics.jsonl", "summary.json", "model.pt"):

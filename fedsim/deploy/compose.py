@@ -78,7 +78,6 @@ def container_config(cfg: RunConfig) -> RunConfig:
         inside.data.root = f"{DATA}/{Path(cfg.data.root).name}"
     inside.output.dir = RUNS
     inside.output.run_dir = f"{RUNS}/{cfg.name}"
-    inside.output.progress = False
     return inside
 
 

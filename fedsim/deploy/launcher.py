@@ -270,16 +270,14 @@ def deploy(cfg: RunConfig, wrap: Wrap | None = None, resume: bool = False) -> di
         if (why := private_network.unavailable()) is None:
             return private_network.deploy_inside(cfg, resume)
         private_network.warn_exposed(cfg, why)
-    show = cfg.output.progress
-    server_cfg = cfg.model_copy(deep=True)
-    server_cfg.output.progress = False  # the ServerApp has no terminal here; this process shows it
+    show = cfg.output.progress  # shown by this process: the ServerApp under the SuperLink shows nothing
     fed = experiment.federation()
     if show:
         console.print(partition_table(fed.train_counts, fed.test_counts, fed.dataset.classes))
     with (
         sigterm_as_interrupt(),
         claimed(Path(cfg.output.run_dir), resume),
-        LocalDeployment(server_cfg, wrap, resume) as dep,
+        LocalDeployment(cfg, wrap, resume) as dep,
     ):
         dep.start()
         run_id = dep.submit()

@@ -58,7 +58,9 @@ def main(grid: Grid, context: Context) -> None:
         try:
             if resume:  # a finished run, or one with no checkpoint: one line, as fedsim run --resume says it
                 resume_config(cfg.output.run_dir)
-            run_server(PromptGrid(grid), resolve(cfg), resume)  # no 3 s sleeps between a SuperLink's pulls
+            # no 3 s sleeps between a SuperLink's pulls; and nobody sees a ServerApp's console under one: the
+            # launcher (fedsim deploy) or fedsim submit shows the run from its directory
+            run_server(PromptGrid(grid), resolve(cfg), resume, show=False if isinstance(grid, HttpGrid) else None)
         except Exception as err:  # under a SuperLink nobody sees this process's traceback: leave the reason
             message = str(err) if isinstance(err, FedsimError) else f"{type(err).__name__}: {err}"
             RunDir(cfg.output.run_dir).write_error(message)

@@ -152,9 +152,10 @@ def _flower_logs_quiet() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def run_server(grid: Grid, experiment: Experiment, resume: bool = False) -> dict[str, Any]:
+def run_server(grid: Grid, experiment: Experiment, resume: bool = False, show: bool | None = None) -> dict[str, Any]:
     """Run every round of ``experiment`` over ``grid`` (``resume``: those after the run dir's checkpoint);
-    returns the summary written to the run dir."""
+    returns the summary written to the run dir. ``show``: the partition table, progress bar and summary
+    table on this process's console (default ``output.progress``; the config written keeps the user's)."""
     cfg = experiment.config
     # The server's own evaluation sums in an order that depends on torch's thread count: fix it, so
     # the numbers do not depend on what ran before in this process (a test session, a sweep)
@@ -163,12 +164,12 @@ def run_server(grid: Grid, experiment: Experiment, resume: bool = False) -> dict
         cfg.output.run_dir or default_run_dir(cfg), lambda path: open_trackers(cfg.output.trackers, path, cfg.name)
     )
     try:
-        return _run_rounds(grid, experiment, out, resume)
+        return _run_rounds(grid, experiment, out, resume, cfg.output.progress if show is None else show)
     finally:
         out.close()  # its trackers get the run's files and are closed, however the run ended
 
 
-def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool) -> dict[str, Any]:
+def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, show: bool) -> dict[str, Any]:
     cfg = experiment.config
     fed = experiment.federation()
     data_sha256 = fed.data_sha256
@@ -178,7 +179,7 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool) -
         out.restore_metrics(resumed.metrics)
     ds = fed.dataset
     out.write_partition(fed.train_counts, fed.test_counts, ds.classes)
-    if cfg.output.progress:
+    if show:
         console.print(partition_table(fed.train_counts, fed.test_counts, ds.classes))
         if fed.partition.note:
             console.print(f"[yellow]note:[/] {fed.partition.note}")
@@ -188,7 +189,7 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool) -
     setup = ServerSetup(cfg.train.num_clients, frozenset(name for name, _ in model.named_parameters()))
     server = build_server(experiment, setup)
     check_strategy(server, cfg.train.num_clients)
-    reporter = RoundReporter(experiment, list(node_of_partition), out)
+    reporter = RoundReporter(experiment, list(node_of_partition), out, show)
     checkpoints = Checkpointer(cfg, out, grid, node_of_partition, resumed, data_sha256)
     arrays, done = to_array_record(model.state_dict()), 0
     strategy = CheckedStrategy(server, cfg.strategy.name, arrays)
@@ -215,6 +216,6 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool) -
         summary[MODEL_CHECKSUM] = out.save_model(arrays.to_torch_state_dict())
     checkpoints.finish()
     out.write_summary(summary)  # last: a finished summary means a finished run directory
-    if cfg.output.progress:
+    if show:
         console.print(summary_table(summary))
     return summary

@@ -66,12 +66,12 @@ class GlobalEvaluator:
 class RoundReporter:
     """Writes the metrics lines and moves the progress bar; holds the failures not yet written."""
 
-    def __init__(self, experiment: Experiment, partitions: list[int], out: RunDir) -> None:
+    def __init__(self, experiment: Experiment, partitions: list[int], out: RunDir, show: bool) -> None:
         cfg = experiment.config
         self.cfg, self.partitions, self.out = cfg, sorted(partitions), out
         self.global_eval = GlobalEvaluator(experiment) if cfg.eval.global_test else None
         self.diagnostics = ProbeDiagnostics.from_experiment(experiment)  # None unless `diagnostics:` asks
-        self.progress = RoundProgress(cfg.train.rounds, cfg.output.progress)
+        self.progress = RoundProgress(cfg.train.rounds, show)
         self.t0 = time.perf_counter()
         self.round_ends: list[float] = []  # after aggregation, before evaluation: steady round cost
         self.pending_failures: dict[int, list[int]] = {}  # round -> partitions left out, for the next line
