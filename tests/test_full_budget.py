@@ -1,0 +1,68 @@
+"""The full-budget results (results/full-budget/): the numbers their README and the front page state are the
+ones in the cells' own files, so a table can never drift from the runs it reports."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from fedsim.server.checkpoint import Checkpoint
+from tests.conftest import REPO
+
+RESULTS = REPO / "results" / "full-budget"
+# | `cell` | config | 2,600 of 10,000 (client-mean accuracy 38.65% at 2,600; 36.85% at 2,500) | state |
+ROW = re.compile(
+    r"^\| `(?P<cell>[\w-]+)` \| [^|]+ \| (?P<done>[\d,]+) of 10,000 \((?P<accs>[^)]*)\) \| (?P<state>\w+) \|$"
+)
+ACC = re.compile(r"(?P<pct>\d+\.\d\d)% at (?P<round>[\d,]+)")
+
+
+def number(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def rows() -> list[re.Match[str]]:
+    found = [m for line in (RESULTS / "README.md").read_text().splitlines() if (m := ROW.match(line))]
+    assert found, "no table rows in results/full-budget/README.md"
+    return found
+
+
+def evaluated(cell: str) -> dict[int, float]:
+    """Client-mean accuracy by evaluated round."""
+    lines = (RESULTS / cell / "metrics.jsonl").read_text().splitlines()
+    return {m["round"]: m["client_mean_acc"] for m in map(json.loads, lines) if m.get("client_mean_acc") is not None}
+
+
+def rounds_done(cell: str) -> int:
+    summary = RESULTS / cell / "summary.json"
+    if summary.is_file():
+        return int(json.loads(summary.read_text())["rounds"])
+    return Checkpoint.load(RESULTS / cell).round
+
+
+@pytest.mark.parametrize("row", rows(), ids=lambda m: m["cell"])
+def test_each_number_of_the_table_is_the_cells_own(row: re.Match[str]) -> None:
+    cell = row["cell"]
+    accs = evaluated(cell)
+    stated = [(number(m["round"]), float(m["pct"])) for m in ACC.finditer(row["accs"])]
+    assert stated, row.group(0)
+    for at, pct in stated:
+        assert at in accs, f"{cell}: round {at} is not an evaluated round of metrics.jsonl"
+        assert pct == round(100 * accs[at], 2), (cell, at, pct, accs[at])
+    done = number(row["done"])
+    assert stated[0][0] == max(r for r in accs if r <= done)  # the latest evaluation of the rounds stated
+    # a cell still running in this checkout may have gone on since its row was written; a committed one has not
+    assert done <= rounds_done(cell)
+    assert (row["state"] == "finished") == (RESULTS / cell / "summary.json").is_file()
+
+
+def test_the_front_page_states_the_tables_rounds() -> None:
+    table = {m["cell"]: number(m["done"]) for m in rows()}
+    front = re.findall(
+        r"(FedAvg|FedLN) (\d) class(?:es)? at ([\d,]+)", " ".join((REPO / "README.md").read_text().split())
+    )
+    assert front, "README.md names no full-budget cell"
+    for method, classes, done in front:
+        assert table[f"{method.lower()}-{classes}class-seed0"] == number(done), (method, classes, done)
