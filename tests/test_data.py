@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import os
 import struct
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -405,6 +407,37 @@ def test_stream_augment_and_normalize() -> None:
     for a, v in zip(xa, x0[:, 0, 0, 0], strict=True):  # flat images: a shifted crop shows v or padding
         assert set(a.unique().tolist()) <= {0.0, v.item()}
     assert torch.equal(ya, next(stream(64, seed=1).batches(1))[1])  # augmentation draws come after the index
+
+
+@pytest.mark.parametrize(("n", "batch_size", "k"), [(70, 32, 6), (96, 32, 7), (5, 8, 3), (64, 64, 2), (33, 32, 4)])
+def test_stream_draws_every_permutation_first_then_augments(n: int, batch_size: int, k: int) -> None:
+    # The random stream of every golden number: all the round's permutations first, then each batch's
+    # augmentation, in order. Drawn here up front, as fedsim drew it before its index became lazy.
+    g = torch.Generator().manual_seed(7)
+    used = (n // batch_size) * batch_size or n
+    perms = [torch.randperm(n, generator=g)[:used] for _ in range(-(-k * batch_size // used))]
+    index = torch.cat(perms)[: k * batch_size].view(k, batch_size)
+    want = [augment_batch(stream(n).x.index_select(0, idx), g) for idx in index]
+    got = list(stream(n, batch_size, seed=7, augment=True).batches(k))
+    assert [y.tolist() for _, y in got] == index.tolist()
+    assert all(torch.equal(x, w) for (x, _), w in zip(got, want, strict=True))
+
+
+def test_stream_holds_one_permutation_not_the_rounds_whole_index() -> None:
+    # train.local_steps=1000000 with batch_size=4000 built 32 GB of indices before the first step; here
+    # 100,000 steps of 500 (400 MB of int64 indices up front, 800 MB at the peak) in a fresh process
+    code = (
+        "import resource, torch\n"
+        "from fedsim.data.batches import BatchStream\n"
+        "x, y = torch.zeros(500, 1, 2, 2, dtype=torch.uint8), torch.zeros(500, dtype=torch.int64)\n"
+        "s = BatchStream(x, y, 500, torch.Generator().manual_seed(0))\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "batches = s.batches(100_000)\n"
+        "first = next(batches)\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n"  # MiB (Linux: KiB)
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert int(out.stdout) < 100, f"the first batch took {out.stdout.strip()} MiB more memory"
 
 
 # ----------------------------------------------------------------- shipped data

@@ -119,24 +119,38 @@ class BatchStream:
 
     def batches(self, k: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Exactly ``k`` (x, y) batches (none for an empty client), starting from a fresh permutation."""
-        index = self._index(k)
-        for idx in index.to(self.x.device):
-            yield self._batch(idx)
+        for idx in self._index(k):
+            yield self._batch(idx.to(self.x.device))
 
     def epochs(self, e: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """All full batches of ``e`` passes: ``e * steps_per_epoch`` (one per pass for a tiny client)."""
         return self.batches(e * self.steps_per_epoch)
 
-    def _index(self, k: int) -> torch.Tensor:
+    def _index(self, k: int) -> Iterator[torch.Tensor]:
+        """The ``k`` batches' sample indices, one permutation held at a time.
+
+        The generator draws all of the round's permutations before any augmentation (the stream every
+        golden number comes from), but ``k x batch_size`` indices at once can be more than the machine
+        holds (train.local_steps=1000000 with batch_size=4000: 32 GB). So the permutations are drawn and
+        dropped to move the generator past them, then drawn again, one at a time as batches need them,
+        from a copy of the generator's state before them: the same indices, twice the ``randperm`` time.
+        """
         n, b = self.num_samples, self.batch_size
         if n == 0 or k <= 0:
-            return torch.empty((0, b), dtype=torch.int64)
+            return
         # Indices each permutation contributes: whole batches only, or all of it when n < b (wrap).
         used = (n // b) * b or n
-        count = -(-k * b // used)  # ceil
         g = self.generator
-        perms = [torch.randperm(n, generator=g, device=g.device)[:used] for _ in range(count)]
-        return torch.cat(perms)[: k * b].view(k, b)
+        again = torch.Generator(device=g.device)
+        again.set_state(g.get_state())
+        for _ in range(-(-k * b // used)):  # ceil
+            torch.randperm(n, generator=g, device=g.device)
+        pending = torch.empty(0, dtype=torch.int64, device=g.device)
+        for _ in range(k):
+            while len(pending) < b:
+                pending = torch.cat([pending, torch.randperm(n, generator=again, device=g.device)[:used]])
+            idx, pending = pending[:b], pending[b:]
+            yield idx
 
     def _batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.x.index_select(0, idx)
