@@ -121,6 +121,7 @@ def _deprecated(old: str, new: str, block: dict[str, Any]) -> None:
 
 
 DEFAULT_LOCAL_STEPS = 10  # LN-FL's K (App. C.3)
+MAX_LOCAL_STEPS = 10**6  # a round's K, and fedsim local's --steps: days of SGD at the paper's scale
 
 
 class TrainConfig(_Strict):
@@ -130,7 +131,10 @@ class TrainConfig(_Strict):
         None, ge=1, description="clients sampled each round (fedsim's seeded sampler); default all"
     )
     local_steps: int | None = Field(
-        None, ge=1, le=10**6, description="K mini-batch SGD steps per round (the paper's E); 10 unless local_epochs"
+        None,
+        ge=1,
+        le=MAX_LOCAL_STEPS,
+        description="K mini-batch SGD steps per round (the paper's E); 10 unless local_epochs",
     )
     local_epochs: int | None = Field(None, ge=1, le=10**4, description="epoch-based local work instead of steps")
     batch_size: int = Field(32, ge=1, description="mini-batch size; at most the training set's size")

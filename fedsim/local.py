@@ -26,7 +26,7 @@ from pydantic import Field
 from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.client.runtime import ClientRuntime, round_seed
 from fedsim.client.training import ClientRound, train_local
-from fedsim.config import RunConfig, apply_overrides, parse_config, read_yaml
+from fedsim.config import MAX_LOCAL_STEPS, RunConfig, apply_overrides, parse_config, read_yaml
 from fedsim.data.fingerprint import DATA_FINGERPRINT, check_same_data
 from fedsim.diagnostics import ProbeDiagnostics, probe_images
 from fedsim.engines.layout import torch_threads
@@ -54,10 +54,12 @@ def finished_run_config(
     be one that can run. Everything here reads only small files: bad input stops before any data is loaded.
     """
     run_dir = Path(run_dir)
-    if steps < 1:
-        raise ConfigError(f"--steps {steps}: the local steps to take must be >= 1")
-    if every < 1:
-        raise ConfigError(f"--every {every}: evaluate every E steps with E >= 1")
+    if not 1 <= steps <= MAX_LOCAL_STEPS:
+        raise ConfigError(
+            f"--steps {steps}: the local steps to take must be in 1..{MAX_LOCAL_STEPS:,} (as train.local_steps)"
+        )
+    if not 1 <= every <= steps:  # E = S: before the first step and after the last only
+        raise ConfigError(f"--every {every}: evaluate every E steps with E in 1..{steps} (--steps)")
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir}: not a run directory (no config.yaml there)")
     # exists, not is_file: a summary or model that is something else (a FIFO) is refused by its reader, by name

@@ -339,7 +339,10 @@ CASES: dict[str, Case] = {
     ),  # fmt: skip
     # --- fedsim local
     "local-missing-dir": Case(("local", "{tmp}/none", "--client", "0", "--steps", "5"), ("not a run directory",)),
-    "local-steps-zero": Case(("local", "{tmp}", "--client", "0", "--steps", "0"), ("--steps 0", ">= 1")),
+    "local-steps-zero": Case(("local", "{tmp}", "--client", "0", "--steps", "0"), ("--steps 0", "in 1..1,000,000")),
+    "local-steps-huge": Case(
+        ("local", "{tmp}", "--client", "0", "--steps", "99999999999999999999"), ("--steps 99", "in 1..1,000,000")
+    ),
     "local-every-zero": Case(("local", "{tmp}", "--client", "0", "--steps", "2", "--every", "0"), ("--every 0",)),
     "local-client-text": Case(("local", "{tmp}", "--client", "one", "--steps", "2"), ("--client", "invalid int")),
     "local-unfinished": Case(

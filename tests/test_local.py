@@ -66,8 +66,18 @@ def test_one_client_alone_overfits_its_class(finished_run: Path, capsys: pytest.
     [
         (["--client", "10", "--steps", "5"], "--client 10 is out of range; allowed 0..9 (the run's train.num_clients)"),
         (["--client", "-1", "--steps", "5"], "--client -1 is out of range; allowed 0..9"),
-        (["--client", "0", "--steps", "0"], "--steps 0: the local steps to take must be >= 1"),
-        (["--client", "0", "--steps", "5", "--every", "0"], "--every 0: evaluate every E steps with E >= 1"),
+        (["--client", "0", "--steps", "0"], "--steps 0: the local steps to take must be in 1..1,000,000"),
+        # a traceback before (std::bad_alloc building the steps' batch indices), after local-0/ was made
+        (
+            ["--client", "0", "--steps", "99999999999999999999"],
+            "--steps 99999999999999999999: the local steps to take must be in 1..1,000,000 (as train.local_steps)",
+        ),
+        (["--client", "0", "--steps", "5", "--every", "0"], "--every 0: evaluate every E steps with E in 1..5"),
+        (
+            ["--client", "0", "--steps", "5", "--every", "6"],
+            "--every 6: evaluate every E steps with E in 1..5 (--steps)",
+        ),
+        (["--client", "99999999999999999999", "--steps", "5"], "--client 99999999999999999999 is out of range"),
     ],
 )
 def test_bad_request_is_one_line_before_training(
@@ -210,6 +220,7 @@ def test_plot_of_a_continuation_fedsim_did_not_write_is_one_line(
     figure is drawn."""
     local = tmp_path / "local-3"
     local.mkdir()
+    (local / ".fedsim").write_text("local continuation\n")
     (local / "metrics.jsonl").write_text('{"step": 0, "own_class_acc": 0.5, "other_class_acc": 0.1}\n')
     (local / "local.json").write_text(content)
     assert main(["plot", str(local)]) == 2
