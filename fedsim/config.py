@@ -25,15 +25,16 @@ from fedsim.errors import ConfigError, brief
 from fedsim.ownership import unusable
 from fedsim.paths import package_path, resolve_path
 from fedsim.reading import CONFIG_BYTES, check_source, read_text
-from fedsim.registry import number_as_text
+from fedsim.registry import Float32Options, number_as_text
 
 
 class DeprecatedConfig(FutureWarning):
     """A config form fedsim still reads but will stop reading; the message names the new form."""
 
 
-class _Strict(BaseModel):
-    # unknown keys are errors; an inf or NaN in a float option is never a setting anyone meant; and pydantic's
+class _Strict(Float32Options):
+    # unknown keys are errors; an inf or NaN in a float option is never a setting anyone meant (nor a float beyond
+    # float32's range: Float32Options); and pydantic's
     # strict mode: a boolean or a string is never a number (``true`` is not 1, ``'0.1'`` not 0.1), an int still
     # is a float (plugin options get the same from fedsim.registry.validate_options)
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-from pydantic_core import PydanticSerializationError, to_json
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic_core import PydanticCustomError, PydanticSerializationError, to_json
 
 from fedsim.errors import ConfigError, FedsimError, RegistryError, brief
 
@@ -31,8 +31,40 @@ T = TypeVar("T")
 P = TypeVar("P", bound=BaseModel)
 
 
-class PluginParams(BaseModel):
-    """Base of every plugin's ``Params``: unknown keys are errors, floats are finite; validated params
+# float32's largest finite number (torch.finfo(torch.float32).max), without importing torch here: fedsim trains in
+# float32, so a float option finite in Python's float64 but beyond this (train.lr=1e308, FedProx's mu, a norm's
+# sigma) is inf in the first tensor it reaches, and the run fails in round 1 or trains nothing
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _within_float32(value: Any) -> bool:
+    if isinstance(value, float):
+        return abs(value) <= FLOAT32_MAX
+    if isinstance(value, dict):
+        return all(_within_float32(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_within_float32(v) for v in value)
+    return True
+
+
+class Float32Options(BaseModel):
+    """Base of the models of options (the config's sections, every plugin's ``Params``): a float option, and
+    every float in a list or mapping option, is within float32's range, refused naming the field otherwise."""
+
+    @field_validator("*")
+    @classmethod
+    def _float32_range(cls, value: Any) -> Any:
+        if not _within_float32(value):
+            raise PydanticCustomError(
+                "float32_range",
+                "Input should be a finite float32 number, from -{max} to {max}: fedsim trains in float32",
+                {"max": f"{FLOAT32_MAX:.2g}"},
+            )
+        return value
+
+
+class PluginParams(Float32Options):
+    """Base of every plugin's ``Params``: unknown keys are errors, floats are finite in float32; validated params
     never change."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

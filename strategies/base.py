@@ -10,7 +10,7 @@ import typing
 from typing import Annotated, Any, ClassVar
 
 from flwr.serverapp.strategy import Strategy
-from pydantic import ConfigDict, Field, TypeAdapter, create_model
+from pydantic import Field, TypeAdapter, create_model
 from pydantic.errors import PydanticInvalidForJsonSchema, PydanticSchemaGenerationError
 
 from fedsim.client.hooks import ClientHooks
@@ -132,8 +132,7 @@ def wrap_flower_strategy(obj: object) -> type[StrategySpec] | None:
         if name in FLOWER_RANGES and name in flower_args and _numeric(hint):
             hint = Annotated[hint, Field(**FLOWER_RANGES[name])]
         fields[name] = (hint, ... if p.default is inspect.Parameter.empty else p.default)
-    config = ConfigDict(extra="forbid", frozen=True)
-    params = create_model(f"{obj.__name__}Params", __config__=config, **fields)
+    params = create_model(f"{obj.__name__}Params", __base__=PluginParams, **fields)  # fedsim's rules for options
     doc = (obj.__doc__ or "").strip().splitlines()
     summary = f"Flower's {obj.__name__}: {doc[0] if doc else ''} (FedAvg's client half)"
     return type(

@@ -13,10 +13,9 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import nn
 
-from fedsim.norms.base import NORMS, Normaliser, Site
+from fedsim.norms.base import NORMS, Eps, Normaliser, Site
 from fedsim.norms.ln_variants import stats_dtype
 
 
@@ -113,7 +112,7 @@ class L2(_LayerReplacement):
     """
 
     class Params(Normaliser.Params):
-        eps: float = Field(1e-5, gt=0)
+        eps: Eps = 1e-5
 
     params: Params
 
@@ -160,7 +159,7 @@ class PatchNorm(_LayerReplacement):
 
     class Params(Normaliser.Params):
         mode: Literal["affine", "l2"] = "affine"
-        eps: float = Field(1e-5, gt=0)
+        eps: Eps = 1e-5
         linear: bool = False
 
     params: Params

@@ -7,8 +7,9 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
+from pydantic import Field
 from torch import nn
 
 from fedsim.registry import PluginParams, Registry
@@ -16,6 +17,11 @@ from fedsim.registry import PluginParams, Registry
 Site = Literal["conv", "linear", "feature"]
 SITES: tuple[str, ...] = get_args(Site)
 NORM_SITE_ATTR = "fedsim_norm_site"
+
+# A normaliser's eps, added to the statistic it divides by (a variance, a squared norm): beyond 1 it outweighs
+# that of features scaled to about 1 and the normaliser stops normalising (eps=1e30 made every output 0: a
+# constant model, trained to the end with exit 0)
+Eps = Annotated[float, Field(gt=0, le=1)]
 
 
 

@@ -10,7 +10,7 @@ from pydantic import Field
 from torch import nn
 
 from fedsim.errors import ConfigError
-from fedsim.norms.base import NORMS, Normaliser, Site
+from fedsim.norms.base import NORMS, Eps, Normaliser, Site
 
 
 @NORMS.register("none")
@@ -32,7 +32,7 @@ class LN(Normaliser):
 
     class Params(Normaliser.Params):
         affine: bool = True
-        eps: float = Field(1e-5, gt=0)
+        eps: Eps = 1e-5
 
     params: Params
 
@@ -75,7 +75,7 @@ class FN(Normaliser):
     """
 
     class Params(Normaliser.Params):
-        eps: float = Field(1e-5, gt=0)
+        eps: Eps = 1e-5
         inside: Literal["none", "ln", "scale"] = Field(
             "none", description="the normaliser at conv and linear sites (LN-FL Table 13): none, ln or scale"
         )
@@ -101,7 +101,7 @@ class GN(Normaliser):
 
     class Params(Normaliser.Params):
         groups: int = Field(2, ge=1)
-        eps: float = Field(1e-5, gt=0)
+        eps: Eps = 1e-5
 
     params: Params
 
@@ -126,7 +126,7 @@ class BN(Normaliser):
 
     class Params(Normaliser.Params):
         momentum: float | None = Field(0.1, ge=0, le=1)
-        eps: float = Field(1e-5, gt=0)
+        eps: Eps = 1e-5
 
     params: Params
 

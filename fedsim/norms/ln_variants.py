@@ -19,7 +19,7 @@ from pydantic import Field, field_validator, model_validator
 from torch import nn
 
 from fedsim.errors import ConfigError
-from fedsim.norms.base import NORMS, Normaliser, Site
+from fedsim.norms.base import NORMS, Eps, Normaliser, Site
 from fedsim.norms.basic import FeatureNorm
 
 T = TypeVar("T")
@@ -256,7 +256,7 @@ class Scale(Normaliser):
     """
 
     class Params(Normaliser.Params):
-        eps: float = Field(1e-5, gt=0)
+        eps: Eps = 1e-5
 
     params: Params
 
@@ -277,7 +277,7 @@ class LNReduced(Normaliser):
 
     class Params(Normaliser.Params):
         affine: bool = True
-        eps: float = Field(1e-5, gt=0)
+        eps: Eps = 1e-5
 
     params: Params
 
@@ -298,7 +298,7 @@ class RMS(Normaliser):
 
     class Params(Normaliser.Params):
         affine: bool = True
-        eps: float = Field(1e-5, gt=0)
+        eps: Eps = 1e-5
 
     params: Params
 
@@ -321,7 +321,7 @@ class PLN(Normaliser):
         group_size: int = Field(8, ge=1)
         center: bool = True
         affine: bool = True
-        eps: float = Field(1e-5, gt=0)
+        eps: Eps = 1e-5
 
         @model_validator(mode="after")
         def _not_identically_zero(self) -> PLN.Params:
@@ -354,7 +354,7 @@ class LNClamped(LNHost):
     """
 
     class Params(LNHost.Params):
-        eps: float = Field(1e-5, gt=0)
+        eps: Eps = 1e-5
 
     params: Params
 
@@ -378,7 +378,7 @@ class LNGoldschmidt(LNHost):
         steps: int = Field(4, ge=1, le=8)
         momentum: float = Field(0.1, gt=0, le=1)
         delta_range: tuple[float, float] | None = (0.25, 2.0)
-        eps: float = Field(1e-5, gt=0)
+        eps: Eps = 1e-5
 
         @field_validator("delta_range")
         @classmethod
@@ -407,7 +407,7 @@ class LNRandomized(LNHost):
 
     class Params(LNHost.Params):
         sigma: float = Field(1e-3, ge=0)
-        eps: float = Field(1e-5, gt=0)
+        eps: Eps = 1e-5
 
     params: Params
 
