@@ -14,10 +14,10 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from fedsim.config import RunConfig, apply_overrides, load_config, parse_config
-from fedsim.errors import FedsimError
+from fedsim.errors import ConfigError, brief
 from fedsim.rundir import read_run
 
 if TYPE_CHECKING:
@@ -77,21 +77,48 @@ class Sweep:
         return pd.DataFrame(rows, columns=header)
 
 
+# Each public function checks its arguments' types first: a wrong one is a ConfigError naming the argument and
+# what it takes, as a bad config value is, never a TypeError or AttributeError from deep inside.
+
+
+def _got(value: object) -> str:
+    return f"{type(value).__name__} {brief(value)}"
+
+
+def _is_path(value: object) -> TypeGuard[str | os.PathLike[str]]:
+    """A path as text (str or os.PathLike of str): bytes paths are not, as config paths are text."""
+    return isinstance(value, str | os.PathLike) and isinstance(os.fspath(value), str)
+
+
+def _path(value: object, argument: str, or_none: bool = False) -> Path:
+    if _is_path(value):
+        return Path(value)
+    raise ConfigError(f"{argument}: give a path (str or os.PathLike){' or None' * or_none}, not {_got(value)}")
+
+
+def _as_list(overrides: object) -> list[str]:
+    """``--set``'s list of ``key=value`` strings (one string alone would be read as a list of one-letter
+    overrides)."""
+    if isinstance(overrides, str):
+        raise ConfigError(f"overrides: give a list of key=value strings, e.g. [{overrides!r}], not one string")
+    if isinstance(overrides, list | tuple) and all(isinstance(item, str) for item in overrides):
+        return list(overrides)
+    raise ConfigError(f"overrides: give a list of key=value strings, e.g. ['train.rounds=5'], not {_got(overrides)}")
+
+
 def make_config(source: ConfigLike, overrides: Sequence[str] = ()) -> RunConfig:
     """A validated :class:`RunConfig` from a YAML path, a mapping of sections or a ``RunConfig``, with
     ``overrides`` as ``fedsim run --set`` takes them (``"train.rounds=5"``, values read as YAML)."""
+    items = _as_list(overrides)
     if isinstance(source, RunConfig):
         source = source.model_dump(mode="json")
     if isinstance(source, Mapping):
-        return parse_config(apply_overrides(copy.deepcopy(dict(source)), _as_list(overrides)))
-    return load_config(source, _as_list(overrides))
-
-
-def _as_list(overrides: Sequence[str]) -> list[str]:
-    """``--set``'s list; one string alone would be read as a list of one-letter overrides."""
-    if isinstance(overrides, str):
-        raise FedsimError(f"overrides: give a list of key=value strings, e.g. [{overrides!r}], not one string")
-    return list(overrides)
+        return parse_config(apply_overrides(copy.deepcopy(dict(source)), items))
+    if not _is_path(source):
+        raise ConfigError(
+            f"source: give a YAML path (str or os.PathLike), a mapping of sections or a RunConfig, not {_got(source)}"
+        )
+    return load_config(source, items)
 
 
 def run(source: ConfigLike, overrides: Sequence[str] = ()) -> Run:
@@ -106,14 +133,15 @@ def resume(run_dir: str | os.PathLike[str]) -> Run:
     from fedsim.runner import run as run_config
     from fedsim.server.checkpoint import resume_config
 
-    return Run(Path(run_config(resume_config(run_dir), resume=True)["run_dir"]))
+    path = _path(run_dir, "run_dir")
+    return Run(Path(run_config(resume_config(path), resume=True)["run_dir"]))
 
 
 def open_run(run_dir: str | os.PathLike[str]) -> Run:
     """An existing run directory (finished or not); an error if it is not one."""
-    path = Path(run_dir)
+    path = _path(run_dir, "run_dir")
     if not (path / "config.yaml").is_file():
-        raise FedsimError(f"{path}: not a run directory (no config.yaml)")
+        raise ConfigError(f"{path}: not a run directory (no config.yaml)")
     return Run(path)
 
 
@@ -127,14 +155,20 @@ def run_sweep(
     """Run every unfinished cell of a sweep file (``fedsim sweep``); returns the sweep directory read back."""
     from fedsim import sweep
 
-    return Sweep(Path(sweep.run_sweep(path, parallel, log=log, overrides=_as_list(overrides), output=output)))
+    file, items = _path(path, "path"), _as_list(overrides)
+    out = None if output is None else _path(output, "output", or_none=True)
+    if parallel is not None and type(parallel) is not int:  # its range: sweep.run_sweep
+        raise ConfigError(f"parallel: give a whole number of runs at once or None (the file's), not {_got(parallel)}")
+    if not callable(log):
+        raise ConfigError(f"log: give a function of one str (print, a logger's info), not {_got(log)}")
+    return Sweep(Path(sweep.run_sweep(file, parallel, log=log, overrides=items, output=out)))
 
 
 def open_sweep(sweep_dir: str | os.PathLike[str]) -> Sweep:
     """An existing sweep directory (or any directory holding run directories)."""
-    path = Path(sweep_dir)
+    path = _path(sweep_dir, "sweep_dir")
     if not path.is_dir():
-        raise FedsimError(f"{path}: not a directory")
+        raise ConfigError(f"{path}: not a directory")
     return Sweep(path)
 
 

@@ -9,7 +9,6 @@ import re
 import signal
 import sys
 import warnings
-from pathlib import Path
 from typing import Any, NoReturn
 
 # only light modules here: main() takes SIGTERM over before the heavy ones load (pydantic, torch, Ray)
@@ -240,6 +239,20 @@ def _show_warning(message: Warning | str, category: type[Warning], *args: Any, *
 _python_show_warning = warnings.showwarning
 
 
+def _record_error(err: FedsimError) -> None:
+    """The error's type and message into the file ``FEDSIM_ERROR_FILE`` names (set by ``fedsim sweep`` for each
+    cell's process), which this process makes: a path that exists already (a directory, a symlink, someone's
+    file) is left alone, as is one that cannot be made; the error line on stderr has said why all the same,
+    and the sweep reads that instead."""
+    if not (path := os.environ.get(ERROR_FILE_ENV)):
+        return
+    try:
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w") as file:
+            file.write(json.dumps({"type": type(err).__name__, "message": str(err)}))
+    except OSError:  # exists, or cannot be made or written (a full disk): the sweep falls back on the log
+        return
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``fedsim`` command: its exit status is 0, 2 for bad input (one line on stderr), 1 for a sweep
     some of whose cells failed, 130 on Ctrl-C and 143 on SIGTERM (one line each, every process the
@@ -258,8 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGPIPE
     except FedsimError as err:
         print(f"fedsim: error: {err}", file=sys.stderr)
-        if path := os.environ.get(ERROR_FILE_ENV):
-            Path(path).write_text(json.dumps({"type": type(err).__name__, "message": str(err)}))
+        _record_error(err)
         return 2
     except KeyboardInterrupt:  # SIGTERM's Terminated too, which code in between may have made a plain one
         sig = signal.SIGTERM if sigterm_raised() else signal.SIGINT

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from fedsim.errors import ConfigError, brief
+from fedsim.names import NAME_RULE, is_name, printable
 from fedsim.ownership import unusable
 from fedsim.paths import package_path, resolve_path
 from fedsim.reading import CONFIG_BYTES, check_source, read_text
@@ -38,6 +39,7 @@ class _Strict(Float32Options):
     # strict mode: a boolean or a string is never a number (``true`` is not 1, ``'0.1'`` not 0.1), an int still
     # is a float (plugin options get the same from fedsim.registry.validate_options)
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+    _printable = field_validator("*")(printable)  # no control character in a name, a path or an address
 
 
 class PluginBlock(BaseModel):
@@ -45,6 +47,7 @@ class PluginBlock(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     name: str
+    _printable = field_validator("name")(printable)
 
     @model_validator(mode="before")
     @classmethod
@@ -58,6 +61,7 @@ class PluginBlock(BaseModel):
             if not _finite(value):
                 raise PydanticCustomError("finite_number", "option {key} = {value} is not a finite number",
                                           {"key": key, "value": value})  # fmt: skip
+        printable(self.model_extra)
         return self
 
     @property
@@ -242,15 +246,15 @@ class OutputConfig(_Strict):
         default_factory=list,
         description="experiment trackers that also get the config, every round's numbers and the run's files: "
         "tensorboard, mlflow (pip install 'fedsim[mlflow]'), wandb (offline; pip install 'fedsim[wandb]'), or "
-        "package.module:Class (fedsim list trackers)",
+        "package.module:Class (fedsim list trackers); each once",
     )
     save_model: bool = True
     progress: bool = True
     checkpoint_every: int = Field(
         0,
         ge=0,
-        description="write checkpoint.pt (model, strategy and client state, RNG, metrics) every k rounds, "
-        "for `fedsim run --resume RUN_DIR`; 0 = off",
+        description="write checkpoint.pt (model, strategy and client state, RNG, metrics) every k rounds "
+        "(1..train.rounds), for `fedsim run --resume RUN_DIR`; 0 = off",
     )
 
     @model_validator(mode="before")
@@ -364,12 +368,22 @@ class RunConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _a_name_not_a_path(cls, name: str) -> str:
-        if not name.strip() or name in (".", "..") or any(c in name for c in "/\\\0") or len(name) > 200:
+        if not is_name(name):
             raise ValueError(
-                f"name = {name!r}: a run's name becomes a directory name under output.dir; give 1 to 200 "
-                "characters without '/', '\\' or NUL, not '.' or '..' (use output.dir or output.run_dir for paths)"
+                f"name = {brief(name)}: a run's name becomes a directory name under output.dir; give {NAME_RULE} "
+                "(use output.dir or output.run_dir for paths)"
             )
         return name
+
+    @model_validator(mode="after")
+    def _checkpoints_happen(self) -> RunConfig:
+        # checkpoints are written at multiples of checkpoint_every: beyond the last round, never, silently
+        if (every := self.output.checkpoint_every) > (rounds := self.train.rounds):
+            raise ValueError(
+                f"output.checkpoint_every = {every} is more than train.rounds ({rounds}): no round would write a "
+                f"checkpoint; give 0 (off) or 1..{rounds}"
+            )
+        return self
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True)
@@ -529,13 +543,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     raw = apply_overrides(raw, overrides or [])
     cfg = parse_config(raw)
-    certs = cfg.deploy.certificates
-    paths = {"data.root": cfg.data.root, "output.dir": cfg.output.dir, "output.run_dir": cfg.output.run_dir or ""}
-    paths |= {f"deploy.certificates.{k}": v for k, v in (certs.model_dump() if certs else {}).items()}
-    for field, value in paths.items():
-        if "\0" in value:  # no system call takes one (Python: ValueError)
-            raise ConfigError(f"{field} = {brief(value)}: a path cannot hold a NUL character")
-        if field.startswith("output.") and value and (error := unusable(Path(value), field)):
+    for field, value in (("output.dir", cfg.output.dir), ("output.run_dir", cfg.output.run_dir)):
+        if value and (error := unusable(Path(value), field)):
             raise error  # a file, a symlink loop: said before any work
     if cfg.data.root:
         cfg.data.root = resolve_path(cfg.data.root, path.parent)

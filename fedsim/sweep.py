@@ -71,23 +71,25 @@ from fedsim.config import RunConfig, format_validation_error, load_config, read_
 from fedsim.engines.layout import choose_layout, usable_cores
 from fedsim.errors import ERROR_FILE_ENV, ConfigError, FedsimError, TrainingError, brief
 from fedsim.experiment import resolve
+from fedsim.names import MAX_NAME, NAME_RULE, is_name, printable
 from fedsim.processes import die_with_parent, signals_ignored, sigterm_as_interrupt, stop_tree
 from fedsim.reading import SUMMARY_BYTES, read_text
 from fedsim.rundir import CHECKPOINT, NOT_LEARNING, SUMMARY, atomic_write, claimed, flatten, make_dir, read_summary
+from fedsim.trackers import resolve_trackers
 
 MAX_CELLS = 1_000  # each cell's config is built and validated before the first run (~2.5 ms and ~20 kB each)
-MAX_NAME = 200  # as a run's name (fedsim.config.RunConfig.name): a directory name, with room for suffixes
 FAILED = "failed.json"  # in the sweep directory: the cells that failed in the last sweep, and why
 
 
-# as a run config's sections: no unknown key, no boolean or text as a number (`parallel: true` is not 1), no inf
-SWEEP_FILE = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+class _SweepSection(BaseModel):
+    # as a run config's sections: no unknown key, no boolean or text as a number (`parallel: true` is not 1), no
+    # inf, no control character in any text (a key or value of the grid, the cells, the axes included)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    _printable = field_validator("*")(printable)
 
 
-class RaySweep(BaseModel):
+class RaySweep(_SweepSection):
     """Run the cells as Ray tasks: on this machine, or spread over a running cluster."""
-
-    model_config = SWEEP_FILE
 
     address: str | None = Field(
         None, pattern=r"^(auto|(ray://)?\S+:\d+)$", description="a running cluster; none: a Ray instance here"
@@ -96,9 +98,7 @@ class RaySweep(BaseModel):
     gpus_per_run: float = Field(0.0, ge=0, description="GPUs Ray reserves for each run (fractions share one)")
 
 
-class SweepFile(BaseModel):
-    model_config = SWEEP_FILE
-
+class SweepFile(_SweepSection):
     base: str = Field(description="the base run config, relative to the sweep file")
     name: str | None = None
     output: str = "runs/sweeps"
@@ -113,10 +113,10 @@ class SweepFile(BaseModel):
     @field_validator("name")
     @classmethod
     def _a_name_not_a_path(cls, name: str | None) -> str | None:
-        if name is not None and not _is_name(name):
+        if name is not None and not is_name(name):
             raise ValueError(
-                f"name = {brief(name)}: the sweep's name is a directory name under output (or --output); give 1 "
-                f"to {MAX_NAME} characters without '/', '\\' or NUL, not '.' or '..' (put paths in output)"
+                f"name = {brief(name)}: the sweep's name is a directory name under output (or --output); give "
+                f"{NAME_RULE} (put paths in output)"
             )
         return name
 
@@ -160,11 +160,6 @@ class SweepFile(BaseModel):
 
 def _override(key: str, value: Any) -> str:
     return f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
-
-
-def _is_name(name: str) -> bool:
-    """True if ``name`` is one directory name: never a path, never '.' or '..', never too long."""
-    return bool(name.strip()) and name not in (".", "..") and not set(name) & set("/\\\0") and len(name) <= MAX_NAME
 
 
 def cell_name(overrides: dict[str, Any]) -> str:
@@ -245,7 +240,7 @@ def plan(
         )
     base = path.parent / sweep.base
     name = sweep.name or path.stem
-    if not _is_name(name):  # a file's name (the default) may be too long for a directory's
+    if not is_name(name):  # a file's name (the default) may be too long for a directory's
         raise ConfigError(f"sweep file {path}: its name {brief(name)} is not a directory name: set name: in the file")
     out = Path(output if output is not None else sweep.output) / name
     fixed = [*(_override(k, v) for k, v in sweep.set.items()), *overrides]
@@ -254,7 +249,8 @@ def plan(
         cname = cell_name(cell)
         try:
             cfg = load_config(base, [*fixed, *(_override(k, v) for k, v in cell.items())])
-            resolve(cfg)  # every plugin and option, before the first run starts
+            resolve(cfg)  # every plugin and option, the trackers' too, before the first run starts
+            resolve_trackers(cfg.output.trackers)
         except FedsimError as err:
             bad[cname] = str(err)
             continue

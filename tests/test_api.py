@@ -13,6 +13,7 @@ from flwr.app import ArrayRecord
 import fedsim
 from fedsim.cli import main
 from fedsim.config import RunConfig
+from fedsim.errors import ConfigError
 from fedsim.server.reporter import RoundReporter
 from tests.conftest import small_config, write_config
 
@@ -67,6 +68,62 @@ def test_a_config_file_a_mapping_and_a_runconfig_give_one_config(tmp_path: Path)
 def test_failures_are_fedsim_errors_and_create_nothing(tmp_path: Path, call: Any, fragment: str) -> None:
     with pytest.raises(fedsim.FedsimError, match=fragment):
         call(tmp_path)
+    assert not (tmp_path / "runs").exists()
+
+
+PATH = "a path (str or os.PathLike)"
+SOURCE = "a YAML path (str or os.PathLike), a mapping of sections or a RunConfig"
+OVERRIDES = "a list of key=value strings"
+PARALLEL = "a whole number of runs at once or None"
+
+
+@pytest.mark.parametrize(
+    ("call", "argument", "accepted"),
+    [
+        (lambda tmp: fedsim.run(123), "source", SOURCE),
+        (lambda tmp: fedsim.run(None), "source", SOURCE),
+        (lambda tmp: fedsim.run([str(tmp / "cfg.yaml")]), "source", SOURCE),
+        (lambda tmp: fedsim.run(str(tmp / "cfg.yaml").encode()), "source", SOURCE),
+        (lambda tmp: fedsim.make_config(3.5), "source", SOURCE),
+        (lambda tmp: fedsim.run(small_config(tmp), overrides=[1]), "overrides", OVERRIDES),
+        (lambda tmp: fedsim.run(small_config(tmp), overrides=None), "overrides", OVERRIDES),
+        (lambda tmp: fedsim.run(small_config(tmp), overrides=5), "overrides", OVERRIDES),
+        (lambda tmp: fedsim.run(small_config(tmp), overrides={"train.rounds": 2}), "overrides", OVERRIDES),
+        (lambda tmp: fedsim.run(small_config(tmp), overrides=b"train.rounds=2"), "overrides", OVERRIDES),
+        (lambda tmp: fedsim.make_config(small_config(tmp), [b"train.rounds=2"]), "overrides", OVERRIDES),
+        (lambda tmp: fedsim.make_config({1: {}}), "1", "Keys should be strings"),
+        (lambda tmp: fedsim.resume(123), "run_dir", PATH),
+        (lambda tmp: fedsim.resume(None), "run_dir", PATH),
+        (lambda tmp: fedsim.resume(tmp / "missing"), str(Path("missing")), "not a run directory"),
+        (lambda tmp: fedsim.open_run(None), "run_dir", PATH),
+        (lambda tmp: fedsim.open_run([tmp]), "run_dir", PATH),
+        (lambda tmp: fedsim.open_run(b"."), "run_dir", PATH),
+        (lambda tmp: fedsim.open_sweep(1), "sweep_dir", PATH),
+        (lambda tmp: fedsim.open_sweep(tmp / "missing"), "missing", "not a directory"),
+        (lambda tmp: fedsim.run_sweep(1), "path", PATH),
+        (lambda tmp: fedsim.run_sweep(tmp / "missing.yaml"), "missing.yaml", "sweep file not found"),
+        (lambda tmp: fedsim.run_sweep(tmp / "s.yaml", overrides=[None]), "overrides", OVERRIDES),
+        (
+            lambda tmp: fedsim.run_sweep(tmp / "s.yaml", parallel="2"),
+            "parallel",
+            "a whole number of runs at once or None",
+        ),
+        (
+            lambda tmp: fedsim.run_sweep(tmp / "s.yaml", parallel=True),
+            "parallel",
+            "a whole number of runs at once or None",
+        ),
+        (lambda tmp: fedsim.run_sweep(tmp / "s.yaml", output=5), "output", "a path (str or os.PathLike) or None"),
+        (lambda tmp: fedsim.run_sweep(tmp / "s.yaml", log="print"), "log", "a function of one str"),
+    ],
+)
+def test_a_wrong_argument_type_is_a_config_error_naming_the_argument(
+    tmp_path: Path, call: Any, argument: str, accepted: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        call(tmp_path)
+    message = str(caught.value)
+    assert argument in message and accepted in message, message
     assert not (tmp_path / "runs").exists()
 
 

@@ -378,3 +378,21 @@ def test_a_project_that_cannot_be_written_is_one_line(
         f"fedsim: error: --out {out}: cannot write {out / 'compose.yaml'} (No space left on device); the project is "
         "incomplete: run fedsim compose again once it can be written\n"
     )
+
+
+@pytest.mark.parametrize("host", ["", "a b", "-x", "host-", "a\nb", "a\x1b[2Jb", "a..b", "x" * 64, "a/b", "a:1"])
+@pytest.mark.parametrize("option", ["--superlink-host", "--tls-host"])
+def test_a_host_that_is_no_dns_name_or_ip_address_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, host: str
+) -> None:
+    out = tmp_path / "p"
+    assert main(["compose", str(QUICKSTART), "--out", str(out), "--set", "deploy.tls=true", f"{option}={host}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"fedsim: error: {option} {host!r}: give a DNS name") and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_dns_names_and_ip_addresses_are_hosts(tmp_path: Path) -> None:
+    project = compose(QUICKSTART, tmp_path / "p", "--superlink-host", "fd00::5", "--tls-host", "10.0.0.5",
+                      "node_1.example.org.", "--set", "deploy.tls=true")  # fmt: skip
+    assert "[fd00::5]:9093" in json.dumps(project)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,27 @@ def test_list_shows_every_kind(capsys: pytest.CaptureFixture[str]) -> None:
     for name in ("fedavg", "dirichlet", "n_class", "iid", "ln", "fn", "gn", "bn", "cnn", "resnet18", "imagefolder"):
         assert f"  {name} " in out
     assert "beta=0.5" in out  # options with their defaults
+
+
+def test_the_error_file_is_written_only_as_a_new_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FEDSIM_ERROR_FILE (how fedsim sweep learns why a cell's process failed) names a file fedsim makes: a
+    path that exists already (a directory, someone's file, a symlink, even a dangling one) is left as it is,
+    and the command still ends with its one error line."""
+    from fedsim.errors import ERROR_FILE_ENV
+
+    config = write_config(tmp_path, small_config(tmp_path, train={"lr": -1}))
+    a_dir, theirs, target = tmp_path / "a_dir", tmp_path / "theirs.txt", tmp_path / "target"
+    a_dir.mkdir()
+    theirs.write_text("their data\n")
+    (tmp_path / "link").symlink_to(target)
+    for existing in (a_dir, theirs, tmp_path / "link"):
+        monkeypatch.setenv(ERROR_FILE_ENV, str(existing))
+        code, err = run_cli(capsys, config)
+        assert code == 2 and err.startswith("fedsim: error: train.lr") and len(err.splitlines()) == 1, err
+    assert list(a_dir.iterdir()) == [] and theirs.read_text() == "their data\n" and not target.exists()
+    fresh = tmp_path / "cell.error.json"
+    monkeypatch.setenv(ERROR_FILE_ENV, str(fresh))
+    code, err = run_cli(capsys, config)
+    assert code == 2 and json.loads(fresh.read_text()) == {"type": "ConfigError", "message": err.strip()[15:]}

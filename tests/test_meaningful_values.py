@@ -51,7 +51,13 @@ SETUPS = {
         tmp / "d.npz", x_test=np.zeros((0, 28, 28), np.uint8), y_test=np.zeros(0, np.int64)
     ),
     "one_class_imagefolder": lambda tmp: _one_class_tree(tmp / "one"),
+    "sweep_named": lambda tmp: corpus._sweep(tmp, {"base": "base.yaml", "name": "a\nb", "grid": {"seed": [0]}}),
+    "sweep_cell": lambda tmp: corpus._sweep(tmp, {"base": "base.yaml", "cells": [{"data.cache_dir": "x\x1by"}]}),
+    "sweep_output": lambda tmp: corpus._sweep(
+        tmp, {"base": "base.yaml", "output": f"{tmp}/a\tb", "grid": {"seed": [0]}}
+    ),
 }
+CONTROL = "holds the control character "
 
 
 def _one_class_tree(root: Path) -> None:
@@ -172,6 +178,47 @@ CASES: dict[str, corpus.Case] = {
         setup="one_class_imagefolder",
         creates=True,  # the decoded images' cache
     ),
+    # --- names, paths and addresses are printed on one line: a control character in one is refused by its field
+    "name-newline": run('name="a\\nb"', expect=(f"name: {CONTROL}'\\n'",)),
+    "name-escape": run('name="a\\e[2Jb"', expect=(f"name: {CONTROL}'\\x1b'",)),
+    "name-line-separator": run('name="a\\u2028b"', expect=(f"name: {CONTROL}'\\u2028'",)),
+    "run-dir-tab": run('output.run_dir="{tmp}/a\\tb"', expect=(f"output.run_dir: {CONTROL}'\\t'",)),
+    "output-dir-nul": run('output.dir="{tmp}/a\\0b"', expect=(f"output.dir: {CONTROL}'\\x00'",)),
+    "data-root-newline": run('data.root="{tmp}/a\\nb"', expect=(f"data.root: {CONTROL}'\\n'",)),
+    "ray-address-escape": run('simulation.ray_address="h\\e:1"', expect=(f"simulation.ray_address: {CONTROL}",)),
+    "ray-address-not-a-host": run(
+        "simulation.backend=ray", "simulation.ray_address=-x:6379",
+        expect=("simulation.ray_address = '-x:6379': the host '-x': give a DNS name",),
+    ),  # fmt: skip
+    "ray-address-port-beyond": run(
+        "simulation.backend=ray", "simulation.ray_address=127.0.0.1:99999",
+        expect=("simulation.ray_address = '127.0.0.1:99999' is not a Ray address",),
+    ),  # fmt: skip
+    "tracker-name-newline": run(
+        'output.trackers=["tensorboard\\n"]', expect=(f"output.trackers.0.name: {CONTROL}'\\n'",)
+    ),
+    "mlflow-experiment-newline": run(
+        'output.trackers=[{name: mlflow, experiment: "a\\nb"}]',
+        expect=(f"output.trackers.0: 'a\\nb' {CONTROL}'\\n'",),
+    ),
+    "wandb-project-tab": run(
+        'output.trackers=[{name: wandb, project: "a\\tb"}]', expect=(f"output.trackers.0: 'a\\tb' {CONTROL}'\\t'",)
+    ),
+    "sweep-name-newline": corpus.Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("sweep file ", f"name: {CONTROL}'\\n'"), setup="sweep_named"
+    ),
+    "sweep-cell-value-escape": corpus.Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("sweep file ", f"cells: 'x\\x1by' {CONTROL}'\\x1b'"), setup="sweep_cell"
+    ),
+    "sweep-output-tab": corpus.Case(("sweep", "{tmp}/sweep.yaml"), (f"output: {CONTROL}'\\t'",), setup="sweep_output"),
+    # --- a knob that would never act
+    "checkpoint-every-beyond-rounds": run(
+        "output.checkpoint_every=5",
+        expect=(
+            "output.checkpoint_every = 5 is more than train.rounds (4): no round would write a checkpoint; "
+            "give 0 (off) or 1..4",
+        ),
+    ),  # fmt: skip
 }
 CASES = {f"meaningful-{k}": v for k, v in CASES.items()}
 assert not CASES.keys() & corpus.CASES.keys()

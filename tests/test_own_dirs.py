@@ -73,7 +73,8 @@ def test_paths_fedsim_cannot_use_are_one_line_naming_the_part_at_fault(
         2, "fedsim: error: output.dir: cannot create anything in /proc: No such file or directory\n"
     )  # fmt: skip
     assert run_with(tmp_path, capsys, run_dir="r\0") == (
-        2, "fedsim: error: output.run_dir = 'r\\x00': a path cannot hold a NUL character\n"
+        2, "fedsim: error: output.run_dir: holds the control character '\\x00': names, paths and addresses are printed "
+        "on one line; remove it (got 'r\\x00')\n"
     )  # fmt: skip
 
 

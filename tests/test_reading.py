@@ -110,7 +110,7 @@ def test_a_data_root_that_would_hang_or_never_end_is_refused(
         line = one_line(["run", str(cfg)], capsys)
         assert line == f"data.root {root}: {kind}, not a file or a directory fedsim can read"
     cfg = write_config(tmp_path, small_config(tmp_path, data={"root": "mnist\0.npz"}))
-    assert one_line(["run", str(cfg)], capsys) == "data.root = 'mnist\\x00.npz': a path cannot hold a NUL character"
+    assert one_line(["run", str(cfg)], capsys).startswith("data.root: holds the control character '\\x00'")
     assert not (tmp_path / "runs").exists()
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import fedsim
+from fedsim.errors import ConfigError
 from tests.conftest import small_config
 
 ROUNDS = 2
@@ -71,6 +72,20 @@ def test_unknown_tracker_bad_option_and_missing_extra_fail_before_the_run(
         fedsim.FedsimError, match=r"needs mlflow, which is not installed: pip install 'fedsim\[mlflow\]'"
     ):
         tracked_run(tmp_path, "mlflow")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "twice",
+    [["tensorboard", "tensorboard"], ["tensorboard", "fedsim.trackers.tensorboard:TensorBoard"],
+     [PLUGIN, {"name": PLUGIN, "fail_in": "close"}]],
+    ids=["same-name", "name-and-path", "other-options"],
+)  # fmt: skip
+def test_a_tracker_given_twice_is_refused_before_the_run(tmp_path: Path, twice: list[Any]) -> None:
+    """Every tracker writes where the run directory says (tb/, the MLflow run id, the W&B run): twice, every
+    number would be logged twice."""
+    with pytest.raises(ConfigError, match=r"^output.trackers\[1\]: .* is output.trackers\[0\] again"):
+        tracked_run(tmp_path, *twice)
     assert not (tmp_path / "run").exists()
 
 

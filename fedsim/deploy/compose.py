@@ -33,6 +33,7 @@ from fedsim.deploy.keys import make_node_keys, make_tls, write_secret
 from fedsim.deploy.topology import RUNTIME_ENV, SUPERNODE_RUNTIME_PORT, TlsFiles, Topology, write_app
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.experiment import resolve
+from fedsim.names import check_host
 from fedsim.ownership import check_own, mark_own
 from fedsim.paths import PACKAGE_PREFIX
 from fedsim.reading import MIB, check_file, read_bytes
@@ -157,6 +158,9 @@ def write_compose(
     node_memory: str | None = None, tls_hosts: list[str] | None = None,
 ) -> Path:  # fmt: skip
     """Write ``compose.yaml`` and the files its services mount into ``out``; returns the compose file."""
+    check_host(superlink_host, "--superlink-host")
+    for host in tls_hosts or []:
+        check_host(host, "--tls-host")
     if nodes is not None:  # validated as if the config said so
         raw = cfg.model_dump(mode="json")
         raw["train"]["num_clients"] = nodes

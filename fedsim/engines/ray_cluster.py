@@ -20,6 +20,7 @@ from typing import Any
 
 from fedsim.config import RunConfig, SimulationConfig
 from fedsim.errors import ConfigError
+from fedsim.names import check_host
 from fedsim.processes import handlers_kept, watchdog
 
 FIELD = "simulation.ray_address"
@@ -48,10 +49,10 @@ def cluster_endpoint(address: str) -> tuple[str, int]:
     """The host and port that ``address`` connects to; ``auto`` resolved as ``ray.init`` does."""
     resolved = _auto_address() if address == "auto" else address
     host, sep, port = resolved.removeprefix("ray://").rpartition(":")
-    if not sep or not host or "/" in host or not port.isdigit():
+    if not sep or not host or "/" in host or not port.isdigit() or not 0 < int(port) <= 65535:
         via = f" (from 'auto': {resolved!r})" if resolved != address else ""
         raise ConfigError(f"{FIELD} = {address!r}{via} is not a Ray address; use {FORMS}")
-    return host.strip("[]"), int(port)
+    return check_host(host.strip("[]"), f"{FIELD} = {address!r}: the host"), int(port)
 
 
 def check_ray_address(cfg: RunConfig) -> None:

@@ -12,6 +12,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from fedsim.errors import ConfigError
 from fedsim.registry import Resolved
 from fedsim.trackers import mlflow, tensorboard, wandb  # noqa: F401 (the built-ins register themselves on import)
 from fedsim.trackers.base import TRACKERS, Tracker
@@ -71,10 +72,16 @@ class Trackers:
 
 def resolve_trackers(blocks: list[Any], where: str = "output.trackers") -> list[Resolved[Tracker]]:
     """Each ``{name: ..., <options>}`` block looked up, its options validated and its optional dependency
-    checked: before a run starts."""
-    resolved = []
+    checked, and no tracker named twice (each writes where the run directory says: ``tb/``, the MLflow run
+    id, the W&B run; twice, every number would be logged twice): before a run starts."""
+    resolved: list[Resolved[Tracker]] = []
     for i, block in enumerate(blocks):
         tracker = TRACKERS.resolve(block.name, block.options, f"{where}[{i}]")
+        if (first := next((j for j, r in enumerate(resolved) if r.cls is tracker.cls), None)) is not None:
+            raise ConfigError(
+                f"{where}[{i}]: {block.name!r} is {where}[{first}] again ({blocks[first].name!r}); give each "
+                "tracker once"
+            )
         tracker.cls.check_installed(f"{where}[{i}] ({block.name})")
         resolved.append(tracker)
     return resolved
