@@ -15,7 +15,7 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -393,8 +393,9 @@ class RunConfig(_Strict):
         return cls.model_validate_json(text)
 
 
-def format_validation_error(err: ValidationError, prefix: str = "") -> str:
-    """One line per problem, each naming its field, what it got and what is allowed."""
+def format_validation_error(err: ValidationError, model: type[BaseModel], prefix: str = "") -> str:
+    """One line per problem of validating ``model``, each naming its field, what it got and what is allowed (for
+    an unknown key, the valid keys of its section)."""
     lines = []
     for e in err.errors():
         where = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
@@ -405,11 +406,26 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
             lines.append(str(e["ctx"]["error"]))
             continue
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-            if isinstance(e.get("ctx"), dict) and "expected" in e["ctx"]:
-                msg += f"; valid keys: {e['ctx']['expected']}"
+            msg = f"unknown key{shown}; valid keys: {', '.join(section_keys(model, e['loc'][:-1]))}"
+            shown = ""
         lines.append(f"{where or '<config>'}: {msg}{shown}{number_as_text(e)}")
     return "\n".join(lines)
+
+
+def section_keys(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The keys of the section at ``loc`` (a pydantic error's location: keys and list indices) in ``model``."""
+    kinds: list[Any] = [model]
+    for key in loc:
+        if isinstance(key, str):  # a list index keeps the list's type: its models are found inside it below
+            kinds = [m.model_fields[key].annotation for m in _models(kinds) if key in m.model_fields]
+    return [name for m in _models(kinds) for name in m.model_fields]
+
+
+def _models(kinds: list[Any]) -> list[type[BaseModel]]:
+    """The pydantic models in type annotations ``kinds``, however nested (``X | None``, ``list[X]``)."""
+    found = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
+    inner = [arg for k in kinds for arg in get_args(k)]
+    return found + (_models(inner) if inner else [])
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -489,15 +505,27 @@ def _size(node: yaml.Node, seen: dict[int, int]) -> int:
 
 
 def _mapping_without_duplicates(loader: _ConfigLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    _check_keys(loader, node)
+    return loader.construct_mapping(node, deep)  # merge keys (``<<: *base``) merged: the mapping's own keys win
+
+
+def _check_keys(loader: _ConfigLoader, node: yaml.MappingNode) -> None:
+    """Refuse a key given twice in the mapping ``node`` or one that is not a name or a number; a merge key's
+    mappings (``<<: *base``, ``<<: [*a, *b]``) may give keys the mapping gives again: that is what they are for."""
     seen: set[Any] = set()
-    for key_node, _ in node.value:
+    for key_node, value_node in node.value:
         if not isinstance(key_node, yaml.ScalarNode):  # `? [a, b]`: a key that is a list or a mapping
             raise _Refused(f"the key at line {key_node.start_mark.line + 1} is not a plain name or number")
+        if key_node.tag == MERGE_TAG:
+            merged = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for mapping in merged:  # its keys once each too (an anchored mapping was checked where it stands)
+                if isinstance(mapping, yaml.MappingNode):
+                    _check_keys(loader, mapping)
+            continue
         key = loader.construct_object(key_node, deep=True)
         if key in seen:
             raise _Refused(f"key {brief(key)} is given twice (line {key_node.start_mark.line + 1}): give it once")
         seen.add(key)
-    return loader.construct_mapping(node, deep)
 
 
 _ConfigLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
@@ -509,6 +537,7 @@ _ConfigLoader.add_implicit_resolver(
     list("-+0123456789."),
 )
 MAX_ALIAS_NODES = 10_000
+MERGE_TAG = "tag:yaml.org,2002:merge"
 MAX_DEPTH = 32
 
 
@@ -519,6 +548,12 @@ def parse_yaml(text: str, what: str) -> Any:
         return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 (a SafeLoader subclass)
     except _Refused as err:
         raise ConfigError(f"{what}: {err}") from err
+    except yaml.constructor.ConstructorError as err:  # YAML, but not plain values: a tag such as !!python/object
+        where = f" at line {err.problem_mark.line + 1}" if err.problem_mark else ""
+        raise ConfigError(
+            f"{what}: {err.problem}{where}: a config holds plain YAML values (mappings, lists, text, numbers, "
+            "true/false, null), anchors, aliases and << merges of mappings, no other tags"
+        ) from err
     except yaml.YAMLError as err:
         problem = " ".join(str(err).split())
         raise ConfigError(f"{what}: not valid YAML ({problem[:300]}); quote a value that holds ': ' or braces") from err
@@ -563,4 +598,4 @@ def parse_config(raw: dict[str, Any]) -> RunConfig:
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err)) from err
+        raise ConfigError(format_validation_error(err, RunConfig)) from err

@@ -199,7 +199,7 @@ def read_sweep(path: str | Path) -> SweepFile:
     try:
         return SweepFile.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(f"sweep file {path}: {format_validation_error(err)}") from err
+        raise ConfigError(f"sweep file {path}: {format_validation_error(err, SweepFile)}") from err
 
 
 def _overlaps(a: str, b: str) -> bool:
