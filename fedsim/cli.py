@@ -100,7 +100,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     if not 0 < args.target <= 1:  # NaN fails this too
         raise ConfigError(f"--target {args.target}: give a client-mean accuracy in (0, 1], e.g. 0.5")
-    print(write_report(args.dir, args.target, args.vs).read_text(), end="")
+    print(write_report(args.dir, args.target, args.vs, args.out).read_text(), end="")
     return 0
 
 
@@ -192,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("dir", help="a sweep directory (or any directory holding run directories)")
     report.add_argument("--target", type=float, default=0.5, help="accuracy for 'rounds to target'")
     report.add_argument(
+        "--out", "-o", default=None, help="where the report goes (default: DIR; a new directory or one of fedsim's)"
+    )
+    report.add_argument(
         "--vs", metavar="KEY", default=None,
         help="also plot final accuracy against this config key (e.g. partition.beta): final_vs_<key>.png",
     )  # fmt: skip
@@ -199,8 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="PNGs of runs: accuracy per round, label distribution, feature spectrum")
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (or directories holding them)")
     plot.add_argument(
-        "--out", "-o", default=None, help="where the PNGs go (default: the RUN_DIR if one, else the current directory)"
-    )
+        "--out", "-o", default=None,
+        help="where the PNGs go: a new directory or one of fedsim's (default: the RUN_DIR if one, else the current "
+        "directory)",
+    )  # fmt: skip
     plot.add_argument(
         "--mean-over-seeds", action="store_true",
         help="accuracy.png: runs that differ only in their seed as one line, the mean, shaded ± std",

@@ -28,12 +28,13 @@ from fedsim.errors import FedsimError
 from fedsim.local import read_request
 from fedsim.rundir import (
     LOCAL_JSON,
-    make_dir,
+    make_results_dir,
     read_metrics,
     read_partition,
     read_run,
+    runs_root,
     seed_groups,
-    short_key,
+    short_keys,
     varying_keys,
 )
 
@@ -60,7 +61,8 @@ def run_labels(runs: list[dict[str, Any]]) -> list[str]:
     if len(runs) > 1:
         keys = varying_keys(runs)
         for extra in ([], ["seed"]):
-            labels = [", ".join(f"{short_key(k)}={r['config'].get(k)}" for k in keys + extra) for r in runs]
+            names = list(zip(short_keys(keys + extra), keys + extra, strict=True))
+            labels = [", ".join(f"{name}={r['config'].get(k)}" for name, k in names) for r in runs]
             if all(labels) and len(set(labels)) == len(labels):
                 return labels
     return [r["dir"].name for r in runs]
@@ -117,12 +119,13 @@ def plot_final_vs(runs: list[dict[str, Any]], key: str, path: Path) -> int:
     """Final client-mean accuracy against the config value ``key`` (e.g. ``partition.beta``), one line
     per combination of the other varying keys, mean ± std over seeds; returns the line count."""
     others = [k for k in varying_keys(runs) if k != key]
+    names = list(zip(short_keys(others), others, strict=True))
     lines: dict[str, dict[float, list[float]]] = {}
     for run in runs:
         x, acc = run["config"].get(key), run["summary"].get("final_client_mean_acc")
         if not isinstance(x, int | float) or acc is None:
             continue
-        label = ", ".join(f"{short_key(k)}={run['config'].get(k)}" for k in others) or "runs"
+        label = ", ".join(f"{name}={run['config'].get(k)}" for name, k in names) or "runs"
         lines.setdefault(label, {}).setdefault(float(x), []).append(100 * acc)
     if not lines:
         raise FedsimError(f"no finished run has a numeric {key}: name a config key the runs vary, e.g. partition.beta")
@@ -274,10 +277,7 @@ def find_continuations(paths: list[str | Path]) -> list[Path]:
 
 
 def _directories(paths: list[str | Path]) -> list[Path]:
-    for p in map(Path, paths):
-        if not p.is_dir():
-            raise FedsimError(f"not a directory: {p}")
-    return [Path(p) for p in paths]
+    return [runs_root(p, "RUN_DIR") for p in paths]
 
 
 def write_plots(
@@ -299,7 +299,7 @@ def write_plots(
     for local in continuations:
         read_request(local)
     out = Path(out)
-    make_dir(out, "--out")
+    make_results_dir(out, "--out")
     written: list[Path] = []
     notes: list[str] = []
     if runs:

@@ -17,12 +17,22 @@ import numpy as np
 
 from fedsim.errors import FedsimError
 from fedsim.plots import plot_accuracy, plot_final_vs
-from fedsim.rundir import SUMMARY, atomic_write, make_dir, read_run, seed_groups, short_key, unwritten, varying_keys
+from fedsim.rundir import (
+    SUMMARY,
+    atomic_write,
+    make_results_dir,
+    read_run,
+    runs_root,
+    seed_groups,
+    short_keys,
+    unwritten,
+    varying_keys,
+)
 
 
 def load_runs(root: Path) -> list[dict[str, Any]]:
-    """Every finished run (one with ``summary.json``) under ``root``."""
-    runs = [read_run(summary_path.parent) for summary_path in sorted(root.rglob(SUMMARY))]
+    """Every finished run (one with ``summary.json``) under the directory ``root``."""
+    runs = [read_run(summary_path.parent) for summary_path in sorted(runs_root(root, "DIR").rglob(SUMMARY))]
     if not runs:
         raise FedsimError(f"no finished runs (summary.json) under {root}")
     return runs
@@ -42,13 +52,14 @@ def rounds_to(metrics: list[dict[str, Any]], target: float) -> int | None:
 
 def table(runs: list[dict[str, Any]], target: float) -> tuple[list[str], list[list[str]]]:
     keys = varying_keys(runs)
-    header = [short_key(k) for k in keys] + [
+    columns = (
         "seeds", "rounds", "final client-mean acc %", "best client-mean acc %", "final global acc %",
-        f"rounds to {100 * target:.0f}%",
-    ]
+        f"rounds to {100 * target:.0f}%", "feature erank",
+    )  # fmt: skip
+    header = short_keys(keys, taken=columns) + list(columns[:-1])
     with_erank = any(m.get("feature_erank") is not None for r in runs for m in r["metrics"])
     if with_erank:
-        header.append("feature erank")
+        header.append(columns[-1])
     rows = []
     for members in seed_groups(runs).values():
         values = [str(members[0]["config"].get(k)) for k in keys]
@@ -72,26 +83,28 @@ def table(runs: list[dict[str, Any]], target: float) -> tuple[list[str], list[li
     return header, rows
 
 
-def write_report(root: str | Path, target: float = 0.5, vs: str | None = None) -> Path:
-    root = Path(root)
-    runs = load_runs(root)
+def write_report(root: str | Path, target: float = 0.5, vs: str | None = None, out: str | Path | None = None) -> Path:
+    """The report of the finished runs under ``root``, written into ``out`` (default ``root``); returns its
+    ``results.md``."""
+    runs = load_runs(Path(root))
     if vs is not None and not any(isinstance(r["config"].get(vs), int | float) for r in runs):
         raise FedsimError(f"--vs {vs}: no finished run has a numeric {vs}: name a config key the runs vary, "
                           "e.g. partition.beta")  # fmt: skip
-    make_dir(root, "fedsim report's DIR (where the report is written)")  # before any work: a read-only DIR
+    out = Path(root if out is None else out)
+    make_results_dir(out, "--out")  # before any work: a read-only or someone else's directory
     header, rows = table(runs, target)
     text = io.StringIO()
     csv.writer(text).writerows([header, *rows])
-    atomic_write(root / "results.csv", text.getvalue().encode())
+    atomic_write(out / "results.csv", text.getvalue().encode())
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(row) + " |" for row in rows]
-    atomic_write(root / "results.md", ("\n".join(md) + "\n").encode())
-    figure = root / "accuracy.png"
+    atomic_write(out / "results.md", ("\n".join(md) + "\n").encode())
+    figure = out / "accuracy.png"
     try:
         plot_accuracy(runs, figure, over_seeds=True)
         if vs is not None:
-            figure = root / f"final_vs_{vs.split('.')[-1]}.png"
+            figure = out / f"final_vs_{vs.split('.')[-1]}.png"
             plot_final_vs(runs, vs, figure)
     except OSError as err:
         raise unwritten(figure, err) from err
-    return root / "results.md"
+    return out / "results.md"

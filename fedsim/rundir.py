@@ -27,6 +27,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedsim.config import RunConfig, read_yaml
 from fedsim.errors import FedsimError
 from fedsim.integrity import digest
-from fedsim.ownership import check_own, mark_own, unusable
+from fedsim.ownership import RESULTS, RESULTS_BESIDE, check_own, mark_own, unusable
 from fedsim.reading import SUMMARY_BYTES, read_json, read_json_lines, read_text
 
 PROGRESS = "progress.json"
@@ -123,6 +124,26 @@ def make_dir(path: Path, field: str = "output.run_dir") -> None:
         os.rmdir(tempfile.mkdtemp(prefix=".fedsim-probe-", dir=path))
     except OSError as err:
         raise FedsimError(f"{field}: cannot create anything in {path}: {err.strerror}") from err
+
+
+def make_results_dir(path: Path, field: str) -> None:
+    """``path`` as a directory for ``fedsim report``'s and ``fedsim plot``'s files, which replace their own there:
+    a new one or fedsim's (:func:`fedsim.ownership.check_own`), else an error naming ``field`` (the option
+    that chooses another)."""
+    check_own(path, RESULTS, field, RESULTS_BESIDE)
+    make_dir(path, field)
+    mark_own(path, RESULTS)
+
+
+def runs_root(path: str | Path, arg: str) -> Path:
+    """``path`` as a directory to read runs from, or an error naming the argument ``arg`` that gave it."""
+    path = Path(path)
+    if not path.is_dir():
+        missing = "" if path.exists() else " (nothing is there)"
+        raise FedsimError(
+            f"{arg} {path} is not a directory{missing}: give a run directory or a directory holding run directories"
+        )
+    return path
 
 
 def resolved(path: Path, field: str) -> Path:
@@ -374,10 +395,21 @@ def varying_keys(runs: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def short_key(key: str) -> str:
-    """A config key's label: its last part, or the plugin's for a name (``model.norm.name`` -> norm)."""
-    parts = key.split(".")
-    return parts[-2] if parts[-1] == "name" and len(parts) > 1 else parts[-1]  # strategy.name -> strategy
+def short_keys(keys: list[str], taken: tuple[str, ...] = ()) -> list[str]:
+    """Labels for config ``keys``: a key's last part, or its plugin's for a name (``model.norm.name`` -> norm),
+    with as many parts before it as tell it apart from the other keys' labels and from ``taken`` (the other
+    columns of a table): ``train.rounds`` beside a ``rounds`` column, ``model.norm.eps`` beside ``strategy.eps``."""
+    parts = [key.split(".") for key in keys]
+    parts = [p[:-1] if p[-1] == "name" and len(p) > 1 else p for p in parts]  # strategy.name -> strategy
+    used = [1] * len(parts)
+    while True:
+        labels = [".".join(p[-n:]) for p, n in zip(parts, used, strict=True)]
+        counts = Counter([*labels, *taken])
+        clashing = [i for i, label in enumerate(labels) if counts[label] > 1 and used[i] < len(parts[i])]
+        if not clashing:
+            return labels
+        for i in clashing:
+            used[i] += 1
 
 
 def seed_groups(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -387,7 +419,7 @@ def seed_groups(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     keys = varying_keys(runs)
     groups: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
-        values = [(short_key(k), run["config"].get(k)) for k in keys]
+        values = [(label, run["config"].get(k)) for label, k in zip(short_keys(keys), keys, strict=True)]
         label = ", ".join(f"{k}={v}" for k, v in values if v is not None) or "runs"
         groups.setdefault(label, []).append(run)
     return groups

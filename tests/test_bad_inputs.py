@@ -313,7 +313,7 @@ CASES: dict[str, Case] = {
         ("sweep", "{tmp}/sweep.yaml"), ("grid.seed is an empty list",), setup="sweep_empty_grid"
     ),  # fmt: skip
     "sweep-key-unknown": Case(
-        ("sweep", "{tmp}/sweep.yaml"), ("sweep file", "gird", "unknown key"), setup="sweep_typo"
+        ("sweep", "{tmp}/sweep.yaml"), ("sweep file", "gird: unknown key", "valid keys: base, name"), setup="sweep_typo"
     ),  # fmt: skip
     "sweep-bad-cell": Case(
         ("sweep", "{tmp}/sweep.yaml"), ("sweep cell", "unknown norms 'nope'"), setup="sweep_bad_cell"
@@ -327,7 +327,10 @@ CASES: dict[str, Case] = {
     "sweep-a-list": Case(("sweep", "{tmp}/list.yaml"), ("top level must be a mapping",), setup="list_config"),
     "sweep-duplicate-key": Case(("sweep", "{tmp}/dup.yaml"), ("is given twice",), setup="duplicate_config"),
     # --- fedsim report
-    "report-missing-dir": Case(("report", "{tmp}/none"), ("no finished runs",)),
+    "report-missing-dir": Case(("report", "{tmp}/none"), ("DIR", "/none is not a directory (nothing is there)")),
+    "report-a-file": Case(
+        ("report", "{tmp}/afile"), ("DIR", "/afile is not a directory: give a run directory or"), setup="a_file"
+    ),  # fmt: skip
     "report-no-runs": Case(("report", "{tmp}"), ("no finished runs (summary.json)",)),
     "report-corrupt-summary": Case(("report", "{tmp}"), ("summary.json", "not readable"), setup="corrupt_summary"),
     "report-corrupt-metrics": Case(("report", "{tmp}"), ("metrics.jsonl, line 2",), setup="corrupt_metrics"),
@@ -337,6 +340,10 @@ CASES: dict[str, Case] = {
     "report-vs-unknown": Case(
         ("report", "{tmp}", "--vs", "partition.gamma"), ("--vs partition.gamma", "numeric"), setup="finished_run"
     ),  # fmt: skip
+    "report-out-theirs": Case(
+        ("report", "{tmp}/rd", "--out", "{tmp}"), ("is not fedsim's", "give another --out"), setup="finished_run"
+    ),  # fmt: skip
+    "report-dir-theirs": Case(("report", "{tmp}"), ("--out", "is not fedsim's"), setup="finished_run"),
     # --- fedsim local
     "local-missing-dir": Case(("local", "{tmp}/none", "--client", "0", "--steps", "5"), ("not a run directory",)),
     "local-steps-zero": Case(("local", "{tmp}", "--client", "0", "--steps", "0"), ("--steps 0", "in 1..1,000,000")),
@@ -355,6 +362,12 @@ CASES: dict[str, Case] = {
     "plot-corrupt-config": Case(("plot", "{tmp}/rd"), ("config.yaml", "not valid YAML"), setup="broken_run_config"),
     "plot-corrupt-partition": Case(
         ("plot", "{tmp}/rd"), ("partition.csv", "not the partition table"), setup="corrupt_partition"
+    ),  # fmt: skip
+    "plot-out-theirs": Case(
+        ("plot", "{tmp}/rd", "--out", "{tmp}"), ("is not fedsim's", "give another --out"), setup="finished_run"
+    ),  # fmt: skip
+    "plot-default-out-theirs": Case(  # several runs: the current directory, the case's own
+        ("plot", "{tmp}/rd", "{tmp}/rd"), ("--out . is not fedsim's",), setup="finished_run"
     ),  # fmt: skip
     "plot-out-a-file": Case(
         ("plot", "{tmp}/rd", "--out", "{tmp}/afile"), ("--out", "is a file"), setup="finished_run_and_file"

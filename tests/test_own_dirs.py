@@ -120,3 +120,55 @@ def test_a_metrics_line_that_does_not_fit_leaves_the_lines_before_it_whole(
         out.append_metrics({"round": 2, "client_mean_acc": 0.6})
     monkeypatch.undo()
     assert (tmp_path / "metrics.jsonl").read_text() == '{"round": 1, "client_mean_acc": 0.5}\n'
+
+
+REFUSED = (
+    "fedsim: error: --out {path} is not fedsim's: fedsim writes only into a new or empty directory or one of its own "
+    "results, run, sweep or local continuation directories (marked .fedsim) or one holding only such directories; "
+    "give another --out, or empty that directory\n"
+)
+WRITES = {"report": ["results.csv", "results.md", "accuracy.png"], "plot": ["accuracy.png", "label_distribution.png"]}
+
+
+@pytest.mark.parametrize("command", ["report", "plot"])
+def test_report_and_plot_write_only_into_directories_of_fedsims_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    runs = tmp_path / "runs"
+    assert run_with(tmp_path, capsys, run_dir=str(runs / "a"))[0] == 0
+    capsys.readouterr()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    users = {name: f"my own {name}\n" for name in WRITES[command]}
+    for name, text in users.items():
+        (theirs / name).write_text(text)
+    assert main([command, str(runs / "a"), "--out", str(theirs)]) == 2
+    assert capsys.readouterr().err == REFUSED.format(path=theirs)
+    monkeypatch.chdir(theirs)  # fedsim plot's default for several runs: the current directory
+    assert main([command, str(runs / "a"), *([str(runs / "a")] if command == "plot" else ["--out", "."])]) == 2
+    assert capsys.readouterr().err == REFUSED.format(path=".")
+    assert main([command, str(runs / "a"), "--out", str(theirs / WRITES[command][0])]) == 2
+    assert capsys.readouterr().err == (
+        f"fedsim: error: --out: {theirs / WRITES[command][0]} is a file, not a directory; give another --out\n"
+    )
+    assert {p.name: p.read_text() for p in theirs.iterdir()} == users  # nothing added, nothing changed
+
+    # a new directory becomes fedsim's; its files are replaced by the next report or plot
+    out = tmp_path / "new" / "out"
+    assert main([command, str(runs / "a"), "--out", str(out)]) == 0
+    assert (out / ".fedsim").read_text() == "results\n" and sorted(p.name for p in out.iterdir()) == sorted(
+        [".fedsim", *WRITES[command]]
+    )
+    (out / WRITES[command][0]).write_bytes(b"stale")
+    assert main([command, str(runs / "a"), "--out", str(out)]) == 0
+    assert (out / WRITES[command][0]).read_bytes() != b"stale" and (out / WRITES[command][0]).stat().st_size > 50
+    # beside the run, in its own directory (the default for one), and in a folder of nothing but runs
+    assert main([command, str(runs / "a")]) == 0 and (runs / "a" / WRITES[command][0]).is_file()
+    assert (runs / "a" / ".fedsim").read_text() == "run\n"
+    assert main([command, str(runs), "--out", str(runs)]) == 0 and (runs / ".fedsim").read_text() == "results\n"
+    assert main([command, str(runs), "--out", str(runs)]) == 0  # its own results now
+    (runs / ".fedsim").write_text("compose project\n")
+    assert main([command, str(runs), "--out", str(runs)]) == 2
+    assert f"--out {runs} is a fedsim compose project, not a results, run, sweep or local continuation:" in (
+        capsys.readouterr().err
+    )

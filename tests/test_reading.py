@@ -121,6 +121,7 @@ def finished_run(root: Path) -> Path:
     """A run directory as a finished run leaves it, as far as fedsim report reads it (no training)."""
     run_dir = root / "r"
     run_dir.mkdir(parents=True)
+    (run_dir / ".fedsim").write_text("run\n")
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"name": "r", "seed": 0, "train": {"rounds": 2}}))
     summary = {"rounds": 2, "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.6, "final_global_acc": 0.55}
     (run_dir / "summary.json").write_text(json.dumps(summary))
@@ -190,9 +191,17 @@ def test_report_into_a_directory_it_cannot_write_is_one_line(
     monkeypatch.setattr(io, "open", read_only)
     monkeypatch.setattr(builtins, "open", read_only)
     assert one_line(["report", str(tmp_path)], capsys) == (
+        f"cannot mark {tmp_path} as fedsim's (.fedsim): Permission denied"
+    )  # a folder of runs becomes a directory of fedsim's results: marked first
+    assert not [p.name for p in tmp_path.iterdir() if p.name != "r"]  # no results, no temp file
+    monkeypatch.undo()
+    (tmp_path / ".fedsim").write_text("results\n")
+    monkeypatch.setattr(io, "open", read_only)
+    monkeypatch.setattr(builtins, "open", read_only)
+    assert one_line(["report", str(tmp_path)], capsys) == (
         f"cannot write {tmp_path / 'results.csv'}: Permission denied; what was written before it is kept"
     )
-    assert not [p.name for p in tmp_path.iterdir() if p.name != "r"]  # no results, no temp file
+    assert not [p.name for p in tmp_path.iterdir() if p.name not in ("r", ".fedsim")]
 
 
 def test_a_model_or_checkpoint_that_is_a_fifo_is_refused_unread(tmp_path: Path) -> None:

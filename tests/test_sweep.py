@@ -93,6 +93,31 @@ def test_report_plots_final_accuracy_against_a_swept_key(tmp_path: Path) -> None
         plot_final_vs(runs, "model.norm", tmp_path / "q.png")
 
 
+def test_report_columns_appear_once_each_named_by_as_much_of_the_key_as_tells_them_apart() -> None:
+    """A varied key whose last part is another column's name (train.rounds beside the rounds run) or another
+    varied key's (model.norm.eps, strategy.eps) is named by more of its path, in the table as in the legends."""
+    from fedsim.report import table
+    from fedsim.rundir import seed_groups
+
+    def run(rounds: int, eps: float, seed: int) -> dict:  # type: ignore[type-arg]
+        config = {"seed": seed, "train.rounds": rounds, "model.norm.eps": eps, "strategy.eps": 0.1}
+        config["strategy.name"] = "x"
+        summary = {"rounds": rounds, "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.5, "final_global_acc": 0.5}
+        return {"config": config, "summary": summary, "metrics": [{"round": rounds, "client_mean_acc": 0.5}]}
+
+    runs = [run(2, 1e-5, 0), run(2, 1e-5, 1), run(4, 1e-3, 0)]
+    runs[2]["config"] |= {"strategy.eps": 0.2, "strategy.name": "y"}
+    header, rows = table(runs, 0.5)
+    assert header[:6] == ["norm.eps", "strategy.eps", "strategy", "train.rounds", "seeds", "rounds"]
+    assert len(set(header)) == len(header) and [row[:6] for row in rows] == [
+        ["1e-05", "0.1", "x", "2", "2", "2"], ["0.001", "0.2", "y", "4", "1", "4"]
+    ]  # fmt: skip
+    assert list(seed_groups(runs)) == [
+        "norm.eps=1e-05, strategy.eps=0.1, strategy=x, rounds=2",  # a legend has no other rounds
+        "norm.eps=0.001, strategy.eps=0.2, strategy=y, rounds=4",
+    ]
+
+
 @pytest.mark.slow
 def test_sweep_on_ray_gives_the_same_runs(tmp_path: Path) -> None:
     import json
