@@ -26,7 +26,7 @@ from fedsim.names import NAME_RULE, is_name, printable
 from fedsim.ownership import unusable
 from fedsim.paths import package_path, resolve_path
 from fedsim.reading import CONFIG_BYTES, check_source, read_text
-from fedsim.registry import Float32Options, number_as_text
+from fedsim.registry import Float32Options, all_floats, number_as_text
 
 
 class DeprecatedConfig(FutureWarning):
@@ -58,7 +58,7 @@ class PluginBlock(BaseModel):
     def _finite_options(self) -> PluginBlock:
         # the plugin's Params refuse inf and NaN too, but only after a trip through JSON turned them into null
         for key, value in (self.model_extra or {}).items():
-            if not _finite(value):
+            if not all_floats(value, math.isfinite):
                 raise PydanticCustomError("finite_number", "option {key} = {value} is not a finite number",
                                           {"key": key, "value": value})  # fmt: skip
         printable(self.model_extra)
@@ -67,16 +67,6 @@ class PluginBlock(BaseModel):
     @property
     def options(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
-
-
-def _finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(_finite(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return all(_finite(v) for v in value)
-    return True
 
 
 class DataConfig(_Strict):
@@ -126,6 +116,9 @@ def _deprecated(old: str, new: str, block: dict[str, Any]) -> None:
 
 
 DEFAULT_LOCAL_STEPS = 10  # LN-FL's K (App. C.3)
+# the longest wait a config may ask for: longer is never meant, and Python's own waits overflow near 9.2e9 s
+# (threading.TIMEOUT_MAX: a round_timeout_s of 1e30 was an OverflowError traceback)
+MAX_WAIT_S = 7 * 24 * 3600.0
 MAX_LOCAL_STEPS = 10**6  # a round's K, and fedsim local's --steps: days of SGD at the paper's scale
 
 
@@ -152,7 +145,7 @@ class TrainConfig(_Strict):
         "replies that arrived and record the missing partitions in metrics.jsonl (skip)",
     )
     round_timeout_s: float = Field(
-        3600.0, gt=0, description="how long the server waits for a round's replies from real SuperNodes"
+        3600.0, gt=0, le=MAX_WAIT_S, description="how long the server waits for a round's replies from real SuperNodes"
     )
     max_loss: float | None = Field(
         1e6, gt=0, description="a mean training loss above this stops the run as diverged (cross-entropy starts "
@@ -293,7 +286,9 @@ class DeployConfig(_Strict):
     supernode_auth: bool = Field(
         False, description="the SuperLink accepts only SuperNodes whose public keys were registered"
     )
-    startup_timeout_s: float = Field(120.0, gt=0, description="how long to wait for the SuperLink to listen")
+    startup_timeout_s: float = Field(
+        120.0, gt=0, le=MAX_WAIT_S, description="how long to wait for the SuperLink to listen"
+    )
     private_network: bool = Field(
         True, description="fedsim deploy on a loopback address: the run in a network namespace of its own, where "
         "no other local process reaches the SuperLink's unauthenticated Control API",

@@ -37,14 +37,19 @@ P = TypeVar("P", bound=BaseModel)
 FLOAT32_MAX = 3.4028234663852886e38
 
 
-def _within_float32(value: Any) -> bool:
+def all_floats(value: Any, test: Callable[[float], bool]) -> bool:
+    """``test`` holds for ``value`` if it is a float, and for every float in it if it is a list or mapping."""
     if isinstance(value, float):
-        return abs(value) <= FLOAT32_MAX
+        return test(value)
     if isinstance(value, dict):
-        return all(_within_float32(v) for v in value.values())
+        return all(all_floats(v, test) for v in value.values())
     if isinstance(value, list | tuple):
-        return all(_within_float32(v) for v in value)
+        return all(all_floats(v, test) for v in value)
     return True
+
+
+def _within_float32(x: float) -> bool:
+    return abs(x) <= FLOAT32_MAX
 
 
 class Float32Options(BaseModel):
@@ -54,7 +59,7 @@ class Float32Options(BaseModel):
     @field_validator("*")
     @classmethod
     def _float32_range(cls, value: Any) -> Any:
-        if not _within_float32(value):
+        if not all_floats(value, _within_float32):
             raise PydanticCustomError(
                 "float32_range",
                 "Input should be a finite float32 number, from -{max} to {max}: fedsim trains in float32",

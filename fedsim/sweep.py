@@ -67,7 +67,7 @@ from pydantic import (
     model_validator,
 )
 
-from fedsim.config import RunConfig, format_validation_error, load_config, read_yaml
+from fedsim.config import THREADS_PER_CPU, RunConfig, format_validation_error, load_config, read_yaml
 from fedsim.engines.layout import choose_layout, usable_cores
 from fedsim.errors import ERROR_FILE_ENV, ConfigError, FedsimError, TrainingError, brief
 from fedsim.experiment import resolve
@@ -514,8 +514,12 @@ def run_sweep(
     out, runs = plan(path, overrides, output)
     sweep = read_sweep(path)
     workers = parallel if parallel is not None else sweep.parallel
-    if workers < 1:
-        raise ConfigError(f"--parallel {workers}: give a number of runs at once >= 1")
+    most = THREADS_PER_CPU * (os.cpu_count() or 1)  # local processes: a few per core, as simulation.threads
+    if workers < 1 or (sweep.ray is None and workers > most):
+        raise ConfigError(
+            f"parallel (or --parallel) = {workers}: give a number of runs at once in 1..{most} for local processes "
+            f"({THREADS_PER_CPU} x this machine's CPUs); a sweep with a ray: section may ask for more"
+        )
     states, bad = {}, {}
     for name, cfg in runs:
         try:

@@ -303,9 +303,16 @@ CASES: dict[str, Case] = {
     "sweep-missing": Case(("sweep", "{tmp}/none.yaml"), ("sweep file not found",)),
     "sweep-a-directory": Case(("sweep", "{tmp}"), ("a directory, not a YAML file",)),
     "sweep-parallel-negative": Case(
-        ("sweep", "{tmp}/sweep.yaml", "--parallel", "-1"), ("--parallel -1",), setup="sweep"
+        ("sweep", "{tmp}/sweep.yaml", "--parallel", "-1"), ("(or --parallel) = -1", "runs at once in 1.."), setup="sweep"
     ),  # fmt: skip
-    "sweep-parallel-zero": Case(("sweep", "{tmp}/sweep.yaml", "--parallel", "0"), ("--parallel 0",), setup="sweep"),
+    "sweep-parallel-zero": Case(
+        ("sweep", "{tmp}/sweep.yaml", "--parallel", "0"), ("(or --parallel) = 0",), setup="sweep"
+    ),  # fmt: skip
+    # a thousand fedsim processes at once on a small machine: bounded as simulation.threads is
+    "sweep-parallel-a-thousand": Case(
+        ("sweep", "{tmp}/sweep.yaml", "--parallel", "1000"), ("(or --parallel) = 1000", "x this machine's CPUs"),
+        setup="sweep",
+    ),  # fmt: skip
     "sweep-parallel-text": Case(
         ("sweep", "{tmp}/sweep.yaml", "--parallel", "two"), ("--parallel", "invalid int"), setup="sweep"
     ),  # fmt: skip

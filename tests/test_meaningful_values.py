@@ -117,6 +117,13 @@ CASES: dict[str, corpus.Case] = {
             f"(4 x this machine's {os.cpu_count()} CPUs)",
         ),
     ),
+    # waits Python cannot hold: round_timeout_s=1e30 was an OverflowError traceback (threading.TIMEOUT_MAX)
+    "round-timeout-beyond-a-week": run(
+        "train.round_timeout_s=1e30", expect=("train.round_timeout_s", "less than or equal to 604800")
+    ),
+    "startup-timeout-beyond-a-week": run(
+        "deploy.startup_timeout_s=604801", expect=("deploy.startup_timeout_s", "less than or equal to 604800")
+    ),
     # a model no machine holds: counted on the meta device (fedsim.models.size), never allocated; it was built
     # for real, the allocator's refusal wrapped as the model's own error ('mlp' raised RuntimeError), and a
     # size the allocator grants ended in the OOM killer
