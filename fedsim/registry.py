@@ -35,6 +35,10 @@ P = TypeVar("P", bound=BaseModel)
 # float32, so a float option finite in Python's float64 but beyond this (train.lr=1e308, FedProx's mu, a norm's
 # sigma) is inf in the first tensor it reaches, and the run fails in round 1 or trains nothing
 FLOAT32_MAX = 3.4028234663852886e38
+# and its smallest normal number (torch.finfo(torch.float32).tiny): a nonzero option smaller than this is 0 in float32
+# or a denormal, which many CPUs flush to 0 (FedAdam's tau: 1e-50 divided by 0 in round 1; a norm's eps: 1e-50, an
+# lr of 1e-50 ran to exit 0 as if they were 0)
+FLOAT32_TINY = 1.1754943508222875e-38
 
 
 def all_floats(value: Any, test: Callable[[float], bool]) -> bool:
@@ -49,12 +53,12 @@ def all_floats(value: Any, test: Callable[[float], bool]) -> bool:
 
 
 def _within_float32(x: float) -> bool:
-    return abs(x) <= FLOAT32_MAX
+    return x == 0 or FLOAT32_TINY <= abs(x) <= FLOAT32_MAX
 
 
 class Float32Options(BaseModel):
     """Base of the models of options (the config's sections, every plugin's ``Params``): a float option, and
-    every float in a list or mapping option, is within float32's range, refused naming the field otherwise."""
+    every float in a list or mapping option, is 0 or a normal float32 number, refused naming the field otherwise."""
 
     @field_validator("*")
     @classmethod
@@ -62,8 +66,8 @@ class Float32Options(BaseModel):
         if not all_floats(value, _within_float32):
             raise PydanticCustomError(
                 "float32_range",
-                "Input should be a finite float32 number, from -{max} to {max}: fedsim trains in float32",
-                {"max": f"{FLOAT32_MAX:.2g}"},
+                "Input should be 0 or a float32 number of magnitude {tiny} to {max}: fedsim trains in float32",
+                {"max": f"{FLOAT32_MAX:.2g}", "tiny": f"{FLOAT32_TINY:.2g}"},
             )
         return value
 

@@ -113,7 +113,9 @@ PINNED: dict[str, corpus.Case] = {
 # failed in round 1, or with a norm's eps trained a constant model and exited 0); and eps beyond 1, where it
 # outweighs the variance of the features it normalises (eps=1e30: every output 0, a constant model)
 FLOAT32: dict[str, corpus.Case] = {
-    "lr-float32-overflow": run("train.lr=1e308", expect=("train.lr: Input should be a finite float32", "(got 1e+308)")),
+    "lr-float32-overflow": run(
+        "train.lr=1e308", expect=("train.lr: Input should be 0 or a float32 number", "(got 1e+308)")
+    ),
     "lr-just-beyond-float32": run("train.lr=3.5e38", expect=("train.lr", "float32", "3.4e+38", "(got 3.5e+38)")),
     "weight-decay-float32-overflow": run("train.weight_decay=1e300", expect=("train.weight_decay", "float32")),
     "max-loss-float32-overflow": run("train.max_loss=1e300", expect=("train.max_loss", "float32")),
@@ -130,8 +132,15 @@ FLOAT32: dict[str, corpus.Case] = {
     "gn-eps-constant-model": run(
         "model.norm={name: gn, eps: 1e30}", expect=("model.norm.eps = 1e+30", "less than or equal to 1")
     ),
+    # and nonzero values below float32's smallest normal number: 0 there, or a denormal many CPUs flush to 0 (FedAdam's
+    # tau: 1e-50 divided by 0 in round 1; an lr or eps of 1e-50 ran to exit 0 as 0)
+    "lr-float32-underflow": run("train.lr=1e-50", expect=("train.lr", "magnitude 1.2e-38 to 3.4e+38", "(got 1e-50)")),
+    "flower-fedadam-tau-float32-underflow": run(
+        f"strategy={{name: '{FLOWER}:FedAdam', tau: 1e-50}}", expect=("strategy.tau = 1e-50", "float32")
+    ),
+    "ln-eps-float32-denormal": run("model.norm={name: ln, eps: 1e-45}", expect=("model.norm.eps = 1e-45", "float32")),
     "weierstrass-sigma-float32-overflow": run(
-        "model.norm={name: ln_weierstrass, sigma: 1e300}", expect=("model.norm.sigma = 1e+300", "float32")
+        "model.norm={name: ln_weierstrass, sigma: 1e300}", expect=("model.norm.sigma = 1e+300", "less than or equal to 1")
     ),
 }
 
@@ -235,8 +244,9 @@ def _takes_float(annotation: Any) -> bool:
     return annotation is float or any(_takes_float(a) for a in get_args(annotation))
 
 
-def test_no_float_option_takes_a_number_beyond_float32() -> None:
-    """fedsim trains in float32: a float option beyond its range (3.4e38) is refused by every plugin's Params, every
+def test_no_float_option_takes_a_number_float32_does_not_hold() -> None:
+    """fedsim trains in float32: a float option beyond its range (3.4e38), or nonzero below its smallest normal number
+    (1.2e-38), is refused by every plugin's Params, every
     Flower strategy's and every config section, whatever its own range (fedsim.registry.Float32Options)."""
     params = [
         entry.obj.Params for registry in (STRATEGIES, NORMS, MODELS, PARTITIONERS, DATASETS) for entry in registry
@@ -246,16 +256,18 @@ def test_no_float_option_takes_a_number_beyond_float32() -> None:
         for option in _float_options(model)
     ]  # fmt: skip
     assert len(options) > 50
-    accepted = []
-    for section, key in options:
-        try:
-            section.model_validate({key: 1e39})
-        except ValidationError as err:
-            if any(e["loc"][:1] == (key,) for e in err.errors()):
-                continue
-        accepted.append(f"{section.__name__}.{key}")
-    assert accepted == []
+    for beyond in (1e39, -1e39, 1e-39, -1e-50):  # beyond float32's largest; below its smallest normal number
+        accepted = []
+        for section, key in options:
+            try:
+                section.model_validate({key: beyond})
+            except ValidationError as err:
+                if any(e["loc"][:1] == (key,) for e in err.errors()):
+                    continue
+            accepted.append(f"{section.__name__}.{key}")
+        assert accepted == [], beyond
     TrainConfig.model_validate({"lr": 3.4e38})  # float32's largest: a float32 number, if not a useful lr
+    TrainConfig.model_validate({"lr": 1.2e-38})  # and its smallest normal one
 
 
 def test_every_numeric_option_states_its_range() -> None:
