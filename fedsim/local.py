@@ -37,6 +37,7 @@ from fedsim.integrity import read_torch, verify
 from fedsim.norms.ln_variants import seed_norm_noise
 from fedsim.reading import read_json
 from fedsim.registry import PluginParams
+from fedsim.runner import check_runnable
 from fedsim.rundir import LOCAL_JSON, MODEL_CHECKSUM, SUMMARY, RunDir, Written, atomic_write, claimed, read_summary
 
 
@@ -118,7 +119,9 @@ def continue_locally(
     """
     cfg = finished_run_config(run_dir, client, steps, every, overrides)
     summary = read_summary(Path(run_dir))
-    runtime = ClientRuntime(resolve(cfg))
+    experiment = resolve(cfg)
+    check_runnable(experiment)  # what fedsim run checks (a batch larger than the data), before any directory
+    runtime = ClientRuntime(experiment)
     # the run's model continued on other data would be no continuation of it
     check_same_data(summary.get(DATA_FINGERPRINT), runtime.fed.data_sha256, Path(run_dir) / SUMMARY, cfg.data.root)
     torch.set_num_threads(torch_threads(cfg.simulation))

@@ -53,15 +53,23 @@ def plan(cfg: RunConfig, resume: bool = False) -> Experiment:
     experiment = resolve(cfg)
     if cfg.output.run_dir and not resume:
         check_fresh(resolved(Path(cfg.output.run_dir), "output.run_dir"))
-    check_device(cfg)
     resolve_trackers(cfg.output.trackers)  # an unknown tracker or a missing extra: before any data loads
     check_ray_address(cfg)  # a few seconds' check, before minutes of data loading
-    check_sizes(cfg, experiment.federation())  # bad data fails here, before any process or directory is made
+    check_runnable(experiment)
+    cfg.output.run_dir = str(cfg.output.run_dir or new_run_dir(Path(cfg.output.dir), cfg.name))
+    return resolve(cfg)
+
+
+def check_runnable(experiment: Experiment) -> None:
+    """The checks of a config against its data, model and strategy (the device, sizes, the model and the
+    strategy's server half, ``vmap_clients``): bad data fails here, before any process or directory is made.
+    ``fedsim run`` and ``fedsim local`` both train only a config that passes them."""
+    cfg = experiment.config
+    check_device(cfg)
+    check_sizes(cfg, experiment.federation())
     model = check_halves(experiment)
     if why := refusal(cfg, "run", lambda: model):
         raise ConfigError(why)
-    cfg.output.run_dir = str(cfg.output.run_dir or new_run_dir(Path(cfg.output.dir), cfg.name))
-    return resolve(cfg)
 
 
 def check_device(cfg: RunConfig) -> None:

@@ -78,6 +78,11 @@ def test_one_client_alone_overfits_its_class(finished_run: Path, capsys: pytest.
             "--every 6: evaluate every E steps with E in 1..5 (--steps)",
         ),
         (["--client", "99999999999999999999", "--steps", "5"], "--client 99999999999999999999 is out of range"),
+        # fedsim run's own checks of the effective config: a batch of 100,000 allocated 23 GB before
+        (
+            ["--client", "0", "--steps", "2", "--set", "train.batch_size=5001"],
+            "train.batch_size = 5001 is larger than the whole training set (5000 images of",
+        ),
     ],
 )
 def test_bad_request_is_one_line_before_training(
@@ -86,7 +91,7 @@ def test_bad_request_is_one_line_before_training(
     assert main(["local", str(finished_run), *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"fedsim: error: {message}")
-    assert not (finished_run / f"local-{args[1]}").exists()  # nothing written for the refused request
+    assert not list(finished_run.glob(f"local-{args[1]}*"))  # nothing written for the refused request
 
 
 def test_missing_or_unfinished_run_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
