@@ -72,6 +72,18 @@ TIGHTENED: dict[str, corpus.Case] = {
     "flower-qfedavg-q-negative": flower("QFedAvg", "q", -1, "greater than or equal to 0", client_learning_rate=0.1),
     "flower-krum-malicious-negative": flower("Krum", "num_malicious_nodes", -1, "greater than or equal to 0"),
     "flower-multikrum-select-zero": flower("MultiKrum", "num_nodes_to_select", 0, "greater than or equal to 1"),
+    # a smoothing sigma beyond 1 outweighs the variance it smooths (fedsim.norms.base.Sigma): sigma=100 trained a
+    # constant model (accuracy 0.1, loss ln 10) and exited 0
+    "weierstrass-sigma-constant-model": run(
+        "model.norm={name: ln_weierstrass, sigma: 100}", expect=("model.norm.sigma = 100", "less than or equal to 1")
+    ),
+    "weierstrass-sigma-huge": run(
+        "model.norm={name: ln_weierstrass, sigma: 1e30}", expect=("model.norm.sigma = 1e+30", "less than or equal to 1")
+    ),
+    "randomized-sigma-drowns-variance": run(
+        "model.norm={name: ln_randomized, sigma: 1e6}",
+        expect=("model.norm.sigma = 1000000.0", "less than or equal to 1"),
+    ),
 }
 
 # ranges the audit found already stated, which the corpus did not yet pin
@@ -140,7 +152,8 @@ FLOAT32: dict[str, corpus.Case] = {
     ),
     "ln-eps-float32-denormal": run("model.norm={name: ln, eps: 1e-45}", expect=("model.norm.eps = 1e-45", "float32")),
     "weierstrass-sigma-float32-overflow": run(
-        "model.norm={name: ln_weierstrass, sigma: 1e300}", expect=("model.norm.sigma = 1e+300", "less than or equal to 1")
+        "model.norm={name: ln_weierstrass, sigma: 1e300}",
+        expect=("model.norm.sigma = 1e+300", "less than or equal to 1"),
     ),
 }
 

@@ -23,6 +23,11 @@ NORM_SITE_ATTR = "fedsim_norm_site"
 # constant model, trained to the end with exit 0)
 Eps = Annotated[float, Field(gt=0, le=1)]
 
+# A smoothing σ (ln_weierstrass, ln_randomized) is in units of v, the variance it smooths: f̃σ(v) = σ^-½ F(v/σ) is
+# within 1% of 1/√v only for v > 6.3σ and is ≈ 0.86/√σ, a constant, for v ≪ σ. Beyond 1, σ outweighs the variance
+# of features scaled to about 1, so the norm stops normalising and shrinks every site's output by ~√σ: sigma=100
+# trained a constant model (accuracy 0.1) and exited 0. ln_randomized's ξ ~ N(0, σ²) likewise drowns v beyond 1
+Sigma = Annotated[float, Field(le=1)]
 
 
 class Normaliser(ABC):

@@ -11,7 +11,7 @@ running statistics reach the state dict that FedAvg averages.
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ from pydantic import Field, field_validator, model_validator
 from torch import nn
 
 from fedsim.errors import ConfigError
-from fedsim.norms.base import NORMS, Eps, Normaliser, Site
+from fedsim.norms.base import NORMS, Eps, Normaliser, Sigma, Site
 from fedsim.norms.basic import FeatureNorm
 
 T = TypeVar("T")
@@ -406,7 +406,7 @@ class LNRandomized(LNHost):
     """
 
     class Params(LNHost.Params):
-        sigma: float = Field(1e-3, ge=0)
+        sigma: Annotated[Sigma, Field(ge=0)] = 1e-3
         eps: Eps = 1e-5
 
     params: Params

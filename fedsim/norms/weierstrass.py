@@ -11,14 +11,14 @@ float64, worst at the switch.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
 from pydantic import Field
 from torch import nn
 
-from fedsim.norms.base import NORMS
+from fedsim.norms.base import NORMS, Sigma
 from fedsim.norms.ln_variants import LNHost, ScaledNorm
 
 _NODES, _WEIGHTS = np.polynomial.legendre.leggauss(48)
@@ -74,11 +74,12 @@ class LNWeierstrass(LNHost):
 
     Sites as ``ln``: conv (over C,H,W) and hidden linear; Identity at the feature site.
     ``sigma`` is in units of v (a variance): f̃σ is within 1% of 1/√v for v > 6.3σ and tends to
-    0.86/√σ as v → 0. The default 1e-3 is ~1e-2 of the v ≈ 0.1 of post-ReLU sites at init.
+    0.86/√σ as v → 0, so σ is at most 1 (fedsim.norms.base.Sigma says why). The default 1e-3 is ~1e-2
+    of the v ≈ 0.1 of post-ReLU sites at init.
     """
 
     class Params(LNHost.Params):
-        sigma: float = Field(1e-3, gt=0)
+        sigma: Annotated[Sigma, Field(gt=0)] = 1e-3
 
     params: Params
 
