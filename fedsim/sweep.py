@@ -31,8 +31,8 @@ data cannot be read, a plugin raises, its process dies) is isolated: it is logge
 reason and recorded in ``<sweep dir>/failed.json`` (cell name -> reason), the other cells run to
 the end, and the sweep then ends with :class:`CellsFailed` (exit status 1) naming the failed cells.
 
-A sweep has at most ``max_cells`` cells (1,000 unless the file raises it), counted before any is
-expanded: each cell's config is built and validated up front. Names are never paths: the sweep's
+A sweep has at most ``max_cells`` cells (1,000 unless the file raises it, to at most 10,000), counted before any
+is expanded: each cell's config is built and validated up front. Names are never paths: the sweep's
 ``name`` is one directory name, and a cell's name (made of its overrides) longer than 200 characters
 is cut to 191 and ends with ``~`` and 8 hex digits of its full name's SHA-256.
 
@@ -78,6 +78,9 @@ from fedsim.rundir import CHECKPOINT, NOT_LEARNING, SUMMARY, atomic_write, claim
 from fedsim.trackers import resolve_trackers
 
 MAX_CELLS = 1_000  # each cell's config is built and validated before the first run (~2.5 ms and ~20 kB each)
+# and the most a file may raise max_cells to: 10,000 cells are ~200 MB of configs and ~25 s of validation before the
+# first run; max_cells: 10000000 (the refusal's own advice once) built cells for minutes using GBs
+CELLS_LIMIT = 10_000
 FAILED = "failed.json"  # in the sweep directory: the cells that failed in the last sweep, and why
 
 
@@ -108,7 +111,9 @@ class SweepFile(_SweepSection):
     axes: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
     parallel: int = Field(1, ge=1)
     ray: RaySweep | None = Field(None, description="run cells as Ray tasks instead of local processes")
-    max_cells: int = Field(MAX_CELLS, ge=1, description="the most cells the sweep may have (raise it on purpose)")
+    max_cells: int = Field(
+        MAX_CELLS, ge=1, le=CELLS_LIMIT, description="the most cells the sweep may have (raise it on purpose)"
+    )
 
     @field_validator("name")
     @classmethod
@@ -234,9 +239,14 @@ def plan(
     sweep = read_sweep(path)
     _check_overrides(overrides, sweep)
     if (size := sweep.size()) > sweep.max_cells:
+        fix = (
+            f"set max_cells: {size} in the file"
+            if size <= CELLS_LIMIT
+            else f"split it into several sweep files (max_cells is at most {CELLS_LIMIT:,})"
+        )
         raise ConfigError(
             f"sweep file {path}: {size:,} cells (cells x axes x grid), more than max_cells = {sweep.max_cells:,}; "
-            f"each is validated before the first run: shrink the grid, or set max_cells: {size} in the file"
+            f"each is validated before the first run: shrink the grid, or {fix}"
         )
     base = path.parent / sweep.base
     name = sweep.name or path.stem

@@ -344,6 +344,22 @@ def test_the_number_of_cells_is_bounded_before_they_are_built(
     )
     path = make_sweep(tmp_path, {"seed": [0, 1, 2]}, cells=[{"model.norm": "ln"}, {"model.norm": "none"}], max_cells=6)
     assert len(plan(path)[1]) == 6  # raised on purpose, it lets them through
+    # 10^20 cells: refused at once from the lists' lengths, and never advised past the limit max_cells has
+    path = make_sweep(tmp_path, {f"x{i}": list(range(10)) for i in range(20)}, max_cells=10_000)
+    assert main(["sweep", str(path)]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        f"fedsim: error: sweep file {path}: 100,000,000,000,000,000,000 cells (cells x axes x grid), more than "
+        "max_cells = 10,000; each is validated before the first run: shrink the grid, or split it into several sweep "
+        "files (max_cells is at most 10,000)"
+    )
+
+
+def test_max_cells_is_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # max_cells: 10000000, the refusal's own advice once, built cells for minutes using GBs
+    path = make_sweep(tmp_path, {"seed": [0, 1]}, max_cells=10_000_000)
+    assert main(["sweep", str(path)]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "max_cells" in err and "less than or equal to 10000" in err, err
 
 
 @pytest.mark.parametrize(
