@@ -20,6 +20,11 @@ def _cut(idx: np.ndarray, proportions: np.ndarray) -> list[np.ndarray]:
     return np.split(idx, cuts)
 
 
+# The most draws min_size may take: 100,000 took 56 s on 5,000 samples (a draw is linear in the samples, so about a
+# minute on CIFAR-10's 50,000 at this bound); max_tries: 1000000000 would have run for days before its DataError
+MAX_TRIES = 10_000
+
+
 @PARTITIONERS.register("dirichlet")
 class DirichletPartitioner(Partitioner):
     """Dir(beta) label skew per class over clients (NIID-Bench, Li et al. 2022); test split follows train."""
@@ -28,7 +33,7 @@ class DirichletPartitioner(Partitioner):
         beta: float = Field(0.5, gt=0, description="Dirichlet concentration; smaller = more skewed")
         min_size: int = Field(0, ge=0, description="redraw until every client has this many train samples")
         balance: bool = Field(False, description="NIID-Bench's mask: full clients get no more classes")
-        max_tries: int = Field(1000, ge=1, description="draws before min_size gives up with DataError")
+        max_tries: int = Field(1000, ge=1, le=MAX_TRIES, description="draws before min_size gives up with DataError")
 
     params: Params
 
@@ -46,10 +51,11 @@ class DirichletPartitioner(Partitioner):
             if min(len(t) for t in train) >= p.min_size:
                 break
         else:
+            more = f" or raise max_tries (at most {MAX_TRIES:,})" if p.max_tries < MAX_TRIES else ""
             raise DataError(
                 f"dirichlet: no split with every client holding >= min_size={p.min_size} train samples "
-                f"after max_tries={p.max_tries} tries (beta={p.beta}, num_clients={num_clients}); "
-                f"raise beta, lower min_size or raise max_tries"
+                f"after max_tries={p.max_tries} tries (beta={p.beta}, num_clients={num_clients}, "
+                f"{n_total / num_clients:.0f} train samples per client on average); raise beta, lower min_size{more}"
             )
         test = self._follow(test_labels, train, train_labels, props, num_clients, num_classes, rng)
         note = f"dirichlet: {tries} draws to reach min_size={p.min_size}" if tries > 1 else ""

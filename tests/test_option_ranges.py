@@ -80,6 +80,11 @@ TIGHTENED: dict[str, corpus.Case] = {
     "weierstrass-sigma-huge": run(
         "model.norm={name: ln_weierstrass, sigma: 1e30}", expect=("model.norm.sigma = 1e+30", "less than or equal to 1")
     ),
+    # 100,000 draws took 56 s: max_tries 1e9 would have run for days (partitions/dirichlet.py's MAX_TRIES)
+    "dirichlet-max-tries-days": run(
+        "partition={name: dirichlet, min_size: 500, max_tries: 1000000000}",
+        expect=("partition.max_tries = 1000000000", "less than or equal to 10000"),
+    ),
     "randomized-sigma-drowns-variance": run(
         "model.norm={name: ln_randomized, sigma: 1e6}",
         expect=("model.norm.sigma = 1000000.0", "less than or equal to 1"),

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from fedsim.errors import ConfigError, DataError
 from fedsim.partitions import PARTITIONERS, Labels, Partition, class_counts
+from fedsim.partitions.dirichlet import MAX_TRIES
 
 C = 10
 TRAIN = np.repeat(np.arange(C), 100)  # 10 classes x 100 train samples
@@ -277,8 +278,13 @@ def test_dirichlet_min_size_honoured() -> None:
 def test_dirichlet_impossible_min_size_raises() -> None:
     with pytest.raises(DataError, match=r"min_size=101.*num_clients=10.*beta=0\.5"):
         split("dirichlet", 10, seed=0, min_size=101)  # 10 x 101 > 1000 samples: fails before drawing
-    with pytest.raises(DataError, match=r"min_size=95.*max_tries=5 tries.*beta=0\.05"):
+    with pytest.raises(
+        DataError, match=r"min_size=95.*max_tries=5 tries.*beta=0\.05.*raise max_tries \(at most 10,000\)"
+    ):
         split("dirichlet", 10, seed=0, beta=0.05, min_size=95, max_tries=5)
+    # at the bound on max_tries the advice no longer says to raise it
+    with pytest.raises(DataError, match=r"max_tries=10000 tries.*100 train samples per client.*lower min_size$"):
+        split("dirichlet", 10, seed=0, beta=0.05, min_size=95, max_tries=MAX_TRIES)
 
 
 def test_dirichlet_balance_caps_client_size() -> None:
