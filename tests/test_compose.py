@@ -396,3 +396,15 @@ def test_dns_names_and_ip_addresses_are_hosts(tmp_path: Path) -> None:
     project = compose(QUICKSTART, tmp_path / "p", "--superlink-host", "fd00::5", "--tls-host", "10.0.0.5",
                       "node_1.example.org.", "--set", "deploy.tls=true")  # fmt: skip
     assert "[fd00::5]:9093" in json.dumps(project)
+
+
+@pytest.mark.parametrize("name", ["x${HOME}", "a${", "$$x$"])
+def test_dollars_in_values_are_escaped_from_compose_interpolation(tmp_path: Path, name: str) -> None:
+    # Compose interpolates $ everywhere in compose.yaml: x${HOME} would have named the run after the host's home
+    services = compose(QUICKSTART, tmp_path, "--set", f"name={name}")["services"]
+    run_dir = services["submit"]["command"][services["submit"]["command"].index("--run-dir") + 1]
+    assert run_dir == f"/fedsim/runs/{name.replace('$', '$$')}"  # Compose reads $$ as one $
+    # fedsim's own variables stay variables
+    assert services["superlink"]["user"] == "${FEDSIM_UID:-49999}:${FEDSIM_GID:-49999}"
+    text = (tmp_path / "compose.yaml").read_text()
+    assert re.findall(r"\$+\{?\w*", text.replace("$$", "")) == ["${FEDSIM_UID", "${FEDSIM_GID"] * len(services)

@@ -82,7 +82,27 @@ def container_config(cfg: RunConfig) -> RunConfig:
     return inside
 
 
-USER = "${FEDSIM_UID:-49999}:${FEDSIM_GID:-49999}"  # .env gives the uid / gid of whoever ran fedsim compose
+class Interpolated(str):
+    """A compose.yaml value whose ``${VAR}`` fedsim means Compose to interpolate; :func:`escape_dollars` escapes
+    every other value's ``$``."""
+
+
+USER = Interpolated("${FEDSIM_UID:-49999}:${FEDSIM_GID:-49999}")  # .env gives the uid / gid of who ran fedsim compose
+
+
+def escape_dollars(value: Any) -> Any:
+    """``value`` with ``$`` written ``$$`` in every text but an :class:`Interpolated` one: Compose interpolates
+    ``$`` everywhere in the file, so a run name ``x${HOME}`` would have become the host's home (and ``a${`` a
+    Compose error)."""
+    if isinstance(value, Interpolated):
+        return str(value)
+    if isinstance(value, str):
+        return value.replace("$", "$$")
+    if isinstance(value, dict):
+        return {escape_dollars(k): escape_dollars(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [escape_dollars(v) for v in value]
+    return value
 
 
 def _service(command: list[str], volumes: list[str], **extra: Any) -> dict[str, Any]:
@@ -107,7 +127,8 @@ def node_resources(cfg: RunConfig, node_memory: str | None) -> dict[str, Any]:
 
 def compose_project(cfg: RunConfig, topo: Topology, node_memory: str | None = None) -> dict[str, Any]:
     root = cfg.data.root or ""
-    data = [] if root.startswith(PACKAGE_PREFIX) else [f"${{FEDSIM_DATA:-{Path(root).parent}}}:{DATA}:ro"]
+    parent = escape_dollars(str(Path(root).parent))  # the default inside ${...} is interpolated too
+    data = [] if root.startswith(PACKAGE_PREFIX) else [Interpolated(f"${{FEDSIM_DATA:-{parent}}}:{DATA}:ro")]
     certs = [f"./tls:{TLS}:ro"] if topo.tls is not None else []
     keys = [f"./node-keys:{KEYS}:ro"] if topo.node_keys is not None else []
     port = topo.superlink_port
@@ -220,5 +241,6 @@ def _write_project(
         "#   docker compose up -d && docker compose logs -f submit     (Compose v2; docker-compose 1.29 alike)\n"
         "#   the fedsim:latest image: docker build -f docker/Dockerfile -t fedsim:latest .\n"
     )
-    path.write_text(header + yaml.safe_dump(compose_project(cfg, topo, node_memory), sort_keys=False, width=120))
+    project = escape_dollars(compose_project(cfg, topo, node_memory))
+    path.write_text(header + yaml.safe_dump(project, sort_keys=False, width=120))
     return path
