@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import sys
 import warnings
@@ -61,8 +60,6 @@ def _cmd_compose(args: argparse.Namespace) -> int:
     from fedsim.config import load_config
     from fedsim.deploy.compose import write_compose
 
-    if args.node_memory is not None and not re.fullmatch(r"[1-9][0-9]*(\.[0-9]+)?[bkmgBKMG]?", args.node_memory):
-        raise ConfigError(f"--node-memory {args.node_memory!r}: give Docker's memory form, e.g. 4g, 512m")
     cfg = load_config(args.config, args.set)
     out = Path(args.out or f"compose-{cfg.name}")
     if out.exists() and not out.is_dir():

@@ -74,10 +74,14 @@ def check_host(host: str, what: str) -> str:
         return host
     except ValueError:
         pass
-    if len(host) <= MAX_HOST and all(_LABEL.fullmatch(label) for label in host.removesuffix(".").split(".")):
+    labels = host.removesuffix(".").split(".")
+    # digits and dots only is an IPv4 address or nothing: 999.1.1.1 is no address, and resolvers (inet_aton) read
+    # such a name as one rather than look it up; no top-level domain is all digits (RFC 3696, section 2)
+    numeric = all(label.isdigit() for label in labels)
+    if not numeric and len(host) <= MAX_HOST and all(_LABEL.fullmatch(label) for label in labels):
         return host
     raise ConfigError(
         f"{what} {brief(host)}: give a DNS name (dot-separated labels of 1 to 63 letters, digits, '-' or '_', "
-        f"none starting or ending with '-'; at most {MAX_HOST} characters) or an IP address, e.g. superlink, "
-        "server.example.org, 10.0.0.5"
+        f"none starting or ending with '-', not digits and dots only; at most {MAX_HOST} characters) or an IP "
+        "address, e.g. superlink, server.example.org, 10.0.0.5"
     )

@@ -380,7 +380,26 @@ def test_a_project_that_cannot_be_written_is_one_line(
     )
 
 
-@pytest.mark.parametrize("host", ["", "a b", "-x", "host-", "a\nb", "a\x1b[2Jb", "a..b", "x" * 64, "a/b", "a:1"])
+# the last four: digits and dots only, so an IPv4 address or nothing (999.1.1.1 was taken for a DNS name)
+@pytest.mark.parametrize(
+    "host",
+    [
+        "",
+        "a b",
+        "-x",
+        "host-",
+        "a\nb",
+        "a\x1b[2Jb",
+        "a..b",
+        "x" * 64,
+        "a/b",
+        "a:1",
+        "999.1.1.1",
+        "1.2.3",
+        "123",
+        "1.2.3.4.",
+    ],
+)
 @pytest.mark.parametrize("option", ["--superlink-host", "--tls-host"])
 def test_a_host_that_is_no_dns_name_or_ip_address_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, host: str
@@ -408,3 +427,17 @@ def test_dollars_in_values_are_escaped_from_compose_interpolation(tmp_path: Path
     assert services["superlink"]["user"] == "${FEDSIM_UID:-49999}:${FEDSIM_GID:-49999}"
     text = (tmp_path / "compose.yaml").read_text()
     assert re.findall(r"\$+\{?\w*", text.replace("$$", "")) == ["${FEDSIM_UID", "${FEDSIM_GID"] * len(services)
+
+
+@pytest.mark.parametrize("memory", ["99999999999999999999g", "1025g", "1099511627777", "1048577m"])
+def test_node_memory_is_at_most_a_tebibyte(tmp_path: Path, capsys: pytest.CaptureFixture[str], memory: str) -> None:
+    # 99999999999999999999g overflowed the int64 byte count Docker reads a limit into
+    out = tmp_path / "p"
+    assert main(["compose", str(QUICKSTART), "--out", str(out), "--node-memory", memory]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"fedsim: error: --node-memory {memory!r}: at most 1024g (1 TiB) per SuperNode, e.g. 4g, 512m\n"
+    )
+    assert not out.exists()
+    limits = compose(QUICKSTART, tmp_path / "q", "--node-memory", "1024g")["services"]["supernode-0"]["deploy"]
+    assert limits["resources"]["limits"]["memory"] == "1024g"  # the bound itself is a limit

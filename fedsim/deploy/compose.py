@@ -47,6 +47,11 @@ PROJECT_KIND = "compose project"  # what fedsim's mark says a project directory 
 # Docker's 1,023 containers per bridge network); every SuperNode's Runtime API port (9094 + its partition
 # id) stays below 65,536 with room to spare. More clients than this: fedsim run.
 MAX_NODES = 1000
+# --node-memory: Docker's form (a number, then b, k, m or g: bytes, KiB, MiB, GiB), at most 1 TiB per SuperNode: one
+# SuperNode trains one client, and a limit past the memory of any host it may run on limits nothing, while
+# 99999999999999999999g overflowed the int64 byte count Docker reads it into (a file Compose refuses at `up`)
+_MEMORY = re.compile(r"([1-9][0-9]*(?:\.[0-9]+)?)([bkmg]?)", re.IGNORECASE)
+MAX_NODE_MEMORY = 1024**4
 
 
 def compose_topology(cfg: RunConfig, superlink_host: str) -> Topology:
@@ -109,6 +114,17 @@ def _service(command: list[str], volumes: list[str], **extra: Any) -> dict[str, 
     """A service of the fedsim image, run as the host user: what it writes to bind mounts is theirs."""
     env = dict(OFFLINE_ENV)
     return {"image": IMAGE, "user": USER, "command": command, "environment": env, "volumes": volumes, **extra}
+
+
+def check_node_memory(memory: str) -> str:
+    """``memory`` if it is Docker's memory form and at most :data:`MAX_NODE_MEMORY`, else a ConfigError."""
+    match = _MEMORY.fullmatch(memory)
+    if match is None:
+        raise ConfigError(f"--node-memory {memory!r}: give Docker's memory form, e.g. 4g, 512m")
+    number, unit = match.groups()
+    if float(number) * 1024 ** "bkmg".index(unit.lower() or "b") > MAX_NODE_MEMORY:
+        raise ConfigError(f"--node-memory {memory!r}: at most 1024g (1 TiB) per SuperNode, e.g. 4g, 512m")
+    return memory
 
 
 def node_resources(cfg: RunConfig, node_memory: str | None) -> dict[str, Any]:
@@ -180,6 +196,8 @@ def write_compose(
 ) -> Path:  # fmt: skip
     """Write ``compose.yaml`` and the files its services mount into ``out``; returns the compose file."""
     check_host(superlink_host, "--superlink-host")
+    if node_memory is not None:
+        check_node_memory(node_memory)
     for host in tls_hosts or []:
         check_host(host, "--tls-host")
     if nodes is not None:  # validated as if the config said so
