@@ -141,12 +141,21 @@ def read_json(
 
 def read_json_lines(
     path: str | Path, schema: type[BaseModel], what: str, limit: int = METRICS_BYTES,
-    error: type[FedsimError] = FedsimError,
+    error: type[FedsimError] = FedsimError, increasing: str | None = None,
 ) -> list[Any]:  # fmt: skip
-    """A JSON Lines file fedsim wrote (blank lines skipped), every line as :func:`read_json` reads a file."""
-    lines = read_bytes(path, what, limit, error).splitlines()
-    return [
-        _validated(line, schema, f"{what} {path}, line {number}", error)
-        for number, line in enumerate(lines, start=1)
-        if line.strip()
-    ]
+    """A JSON Lines file fedsim wrote (blank lines skipped), every line as :func:`read_json` reads a file;
+    ``increasing``: the field (the schema's, an int) that grows from each line to the next, as fedsim writes
+    them (a line repeated or out of order would be drawn and tabulated twice)."""
+    values: list[Any] = []
+    for number, line in enumerate(read_bytes(path, what, limit, error).splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{what} {path}, line {number}"
+        value = _validated(line, schema, where, error)
+        if increasing and values and value[increasing] <= values[-1][increasing]:
+            raise error(
+                f"{where}: not readable as the JSON fedsim writes ({increasing}: {value[increasing]} after "
+                f"{increasing} {values[-1][increasing]}; each line's {increasing} is larger than the last's)"
+            )
+        values.append(value)
+    return values

@@ -31,12 +31,13 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from fedsim.config import RunConfig, read_yaml
 from fedsim.errors import FedsimError
@@ -278,8 +279,30 @@ class Written(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
 
+def _numeric(value: Any) -> bool:
+    if isinstance(value, list):
+        return all(_numeric(v) for v in value)
+    if isinstance(value, dict):
+        return all(_numeric(v) for v in value.values())
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def _metric(value: Any) -> Any:
+    if not _numeric(value):
+        raise PydanticCustomError("metric", "a metric is a number or null, or a list or mapping of them")
+    return value
+
+
+# every metric fedsim writes (a loss, per-class accuracies, failed clients by round): numbers, null where
+# nothing was measured, never text or a boolean, which a table or figure would show as if measured
+Metric = Annotated[Any, AfterValidator(_metric)]
+
+
 class MetricsRecord(Written):
-    """A line of ``metrics.jsonl``: the fields that ``fedsim report`` and ``fedsim plot`` read (others kept)."""
+    """A line of ``metrics.jsonl``: the fields that ``fedsim report`` and ``fedsim plot`` read, and any other
+    metric, kept as written once it is numbers (:data:`Metric`)."""
+
+    __pydantic_extra__: dict[str, Metric] = Field(init=False)
 
     client_mean_acc: float | None = Field(None, ge=0, le=1)
     global_acc: float | None = Field(None, ge=0, le=1)
@@ -291,7 +314,7 @@ class MetricsRecord(Written):
 
 
 class RoundRecord(MetricsRecord):
-    round: int = Field(ge=0)
+    round: int = Field(ge=1)
 
 
 class StepRecord(MetricsRecord):
@@ -318,11 +341,19 @@ class Summary(Written):
 
 def read_metrics(run_dir: str | Path, index: str = "round") -> list[dict[str, Any]]:
     """Every line of ``metrics.jsonl`` so far (none before the first evaluation); each names its ``index``
-    (``round`` in a run, ``step`` in a ``fedsim local`` continuation)."""
+    (``round`` in a run, ``step`` in a ``fedsim local`` continuation), strictly increasing line by line."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return read_json_lines(path, RoundRecord if index == "round" else StepRecord, "metrics")
+    return read_json_lines(path, RoundRecord if index == "round" else StepRecord, "metrics", increasing=index)
+
+
+def metrics_so_far(run_dir: Path) -> str:
+    """Where a stopped run's metrics are, for the message saying why it stopped: only what is there (a run
+    stopped before its first evaluation wrote none)."""
+    if (run_dir / "metrics.jsonl").is_file():
+        return f"the metrics so far are in {run_dir}"
+    return f"no metrics were written yet (the run directory is {run_dir})"
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:

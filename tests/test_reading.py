@@ -176,6 +176,43 @@ def test_report_on_metrics_fedsim_did_not_write_names_the_line_and_the_field(
     )
 
 
+NOT_A_METRIC = "a metric is a number or null, or a list or mapping of them"
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ('{"round": 3, "train_loss": "x"}', f"train_loss: {NOT_A_METRIC} (got 'x')"),
+        ('{"round": 3, "train_loss": true}', f"train_loss: {NOT_A_METRIC} (got True)"),
+        ('{"round": 3, "client_acc": [0.5, "x"]}', f"client_acc: {NOT_A_METRIC} (got [0.5, 'x'])"),
+        ('{"round": 3, "client_mean_acc": 0.4}', "round: 3 after round 3; each line's round is larger than the last's"),
+        ('{"round": 1, "client_mean_acc": 0.4}', "round: 1 after round 3; each line's round is larger than the last's"),
+        ('{"round": 0, "client_mean_acc": 0.4}', "round: Input should be greater than or equal to 1 (got 0)"),
+    ],
+)  # fmt: skip
+def test_every_reader_of_metrics_refuses_a_line_fedsim_would_not_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, problem: str
+) -> None:
+    """Text for a number, or a round repeated or out of order: report, plot and the API refuse the file
+    in one line naming the line and the field (they drew and tabulated it before); fedsim's own lines read."""
+    from fedsim.api import Run
+    from fedsim.errors import FedsimError
+
+    run_dir = finished_run(tmp_path)
+    metrics = run_dir / "metrics.jsonl"
+    with open(metrics, "a") as f:
+        f.write('{"round": 3, "client_acc": [0.5, null], "failed_clients": {"2": [1, 3]}, "isometry": {"fc": 1}}\n')
+    assert len(Run(run_dir).metrics) == 3
+    with open(metrics, "a") as f:
+        f.write(line + "\n")
+    expected = f"metrics {metrics}, line 4: not readable as the JSON fedsim writes ({problem}"
+    assert one_line(["report", str(tmp_path)], capsys).startswith(expected)
+    assert one_line(["plot", str(run_dir)], capsys).startswith(expected)
+    with pytest.raises(FedsimError, match="line 4: not readable"):
+        _ = Run(run_dir).metrics
+    assert not [p for p in tmp_path.rglob("*") if p.suffix in (".md", ".csv", ".png", ".pdf")]
+
+
 def test_report_into_a_directory_it_cannot_write_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
