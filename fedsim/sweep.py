@@ -249,6 +249,10 @@ def plan(
             f"each is validated before the first run: shrink the grid, or {fix}"
         )
     base = path.parent / sweep.base
+    if base.resolve() == path.resolve():  # read as a run config, every sweep key would be an error of its own
+        raise ConfigError(
+            f"sweep file {path}: base: {sweep.base} is this sweep file; give the run config its cells start from"
+        )
     name = sweep.name or path.stem
     if not is_name(name):  # a file's name (the default) may be too long for a directory's
         raise ConfigError(f"sweep file {path}: its name {brief(name)} is not a directory name: set name: in the file")

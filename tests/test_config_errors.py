@@ -74,6 +74,23 @@ def test_missing_torchvision_files_explain_download(tmp_path: Path, capsys: pyte
     assert str(tmp_path / "tv") in err and "data.download" in err
 
 
+def test_a_failed_download_is_one_line_and_leaves_no_folders(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchvision's error names every mirror it tried on lines of their own, after making <root>/MNIST/raw;
+    a mirror that refuses the connection fails the same way with or without a network."""
+    from torchvision import datasets
+
+    monkeypatch.setattr(datasets.MNIST, "mirrors", ["http://127.0.0.1:9/"])
+    root = tmp_path / "junk"
+    data = {"dataset": "mnist", "root": str(root), "download": True}
+    path = write_config(tmp_path, small_config(tmp_path, data=data))
+    code, err = run_cli(capsys, path)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"fedsim: error: data.download: could not download mnist into {root / 'MNIST' / 'raw'} ")
+    assert "Connection refused" in err and not root.exists()
+
+
 def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run_cli(capsys, tmp_path / "absent.yaml")
     assert code == 2 and "config file not found" in err and "absent.yaml" in err

@@ -322,6 +322,19 @@ def test_a_sweep_name_is_never_a_path(tmp_path: Path, capsys: pytest.CaptureFixt
     assert not elsewhere.exists()
 
 
+@pytest.mark.parametrize("base", ["s.yaml", "./s.yaml", "../sweeps/s.yaml"])
+def test_a_sweep_based_on_itself_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], base: str) -> None:
+    """Read as a run config, the sweep file was an error per sweep key (data missing, base and grid unknown)."""
+    path = tmp_path / "sweeps" / "s.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump({"base": base, "output": str(tmp_path / "out"), "grid": {"seed": [0, 1]}}))
+    assert main(["sweep", str(path)]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        f"fedsim: error: sweep file {path}: base: {base} is this sweep file; give the run config its cells start from"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 def test_long_cell_names_are_cut_to_one_unique_directory_name(tmp_path: Path) -> None:
     path = make_sweep(tmp_path, {"model.hidden": [[8] * 100, [8] * 101, [8] * 200]})
     out, runs = plan(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import ClassVar
 
@@ -13,6 +14,12 @@ def _expected_dir(cls: type, root: Path) -> Path:
     # Where torchvision looks: CIFAR keeps a `base_folder`, the MNIST family `<root>/<ClassName>/raw`.
     base = getattr(cls, "base_folder", None)
     return (root / base if base else root / cls.__name__ / "raw").resolve()
+
+
+def _gist(err: BaseException) -> str:
+    # torchvision's download errors span lines (the file, each mirror tried, why): the file and the last reason
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return " ".join(dict.fromkeys(lines[:1] + lines[-1:])) or type(err).__name__
 
 
 def _files(cls: type) -> str:
@@ -72,12 +79,19 @@ def load_torchvision(name: str, class_name: str, root: Path, download: bool) -> 
 
     cls = getattr(datasets, class_name)
     where = _expected_dir(cls, root)
+    # the folders torchvision makes before it downloads: a failed download leaves none of them behind
+    made = [p for p in (where, *where.parents) if not p.exists()]
     try:
         train = cls(str(root), train=True, download=download)
         test = cls(str(root), train=False, download=download)
     except (RuntimeError, OSError) as err:
         if download:
-            raise DataError(f"{name}: torchvision could not download or read it into {where}: {err}") from err
+            for folder in made:  # deepest first; a folder something was written into stays
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            raise DataError(
+                f"data.download: could not download {name} into {where} (no network?): {_gist(err)}"
+            ) from err
         raise DataError(
             f"{name}: dataset files{_files(cls)} not found in {where}, and downloading is off (data.download: "
             f"false). {_source(cls, root)} Or set `data.download: true` to let torchvision download them into "
