@@ -275,10 +275,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedsim: error: {err}", file=sys.stderr)
         _record_error(err)
         return 2
-    except KeyboardInterrupt:  # SIGTERM's Terminated too, which code in between may have made a plain one
+    except KeyboardInterrupt as err:  # SIGTERM's Terminated too, which code in between may have made a plain one
         sig = signal.SIGTERM if sigterm_raised() else signal.SIGINT
         how = "interrupted by SIGTERM" if sig == signal.SIGTERM else "interrupted"
-        print(f"fedsim: {how}; metrics written so far are in the run directory", file=sys.stderr)
+        # a run stopped in its run directory notes where its metrics are (runner.run); before it, none exist
+        print("; ".join([f"fedsim: {how}", *getattr(err, "__notes__", [])]), file=sys.stderr)
         return 128 + sig
 
 

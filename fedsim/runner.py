@@ -18,7 +18,7 @@ from fedsim.errors import ConfigError
 from fedsim.experiment import Experiment, build_server, resolve
 from fedsim.federation import Federation
 from fedsim.models import FedsimModel
-from fedsim.rundir import check_fresh, claimed, make_dir, resolved
+from fedsim.rundir import check_fresh, claimed, make_dir, metrics_so_far, resolved
 from fedsim.server.strategy import ServerSetup, check_strategy
 from fedsim.trackers import resolve_trackers
 
@@ -122,5 +122,10 @@ def run(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
     from fedsim.engines import run_with_engine
 
     experiment = plan(cfg, resume)
-    with claimed(Path(experiment.config.output.run_dir or ""), resume):
-        return run_with_engine(experiment, resume)
+    run_dir = Path(experiment.config.output.run_dir or "")
+    with claimed(run_dir, resume):
+        try:
+            return run_with_engine(experiment, resume)
+        except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: fedsim's one line says where the run stands
+            err.add_note(metrics_so_far(run_dir))
+            raise

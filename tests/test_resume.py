@@ -217,13 +217,21 @@ def test_nan_stops_the_run_naming_round_and_client_and_keeps_the_checkpoint(tmp_
     assert not (run_dir / "summary.json").exists()
 
 
-def test_nan_stop_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    strategy = {"name": "tests.plugins.diverging:Diverging", "round": 2, "client": 0}
+@pytest.mark.parametrize(
+    ("round_", "so_far"),
+    [(1, "no metrics were written yet (the run directory is {})"), (3, "the metrics so far are in {}")],
+)
+def test_nan_stop_on_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], round_: int, so_far: str
+) -> None:
+    """The message says where the run stands as it is on disk: in round 1 (evaluated every 2) no metrics yet."""
+    strategy = {"name": "tests.plugins.diverging:Diverging", "round": round_, "client": 0}
     raw = small_config(tmp_path, strategy=strategy, output={"run_dir": str(tmp_path / "d")})
     assert main(["run", str(write_config(tmp_path, raw))]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("fedsim: error: training diverged in round 2: client 0: training loss is inf")
-    assert "no checkpoint was written (output.checkpoint_every: 0)" in err
+    assert err.startswith(f"fedsim: error: training diverged in round {round_}: client 0: training loss is inf")
+    assert "no checkpoint was written (output.checkpoint_every: 0); " + so_far.format(tmp_path / "d") in err
+    assert (tmp_path / "d" / "metrics.jsonl").exists() == (round_ == 3)
 
 
 def test_a_global_model_that_evaluates_to_nan_stops_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -45,6 +45,7 @@ from fedsim.rundir import (
     SUMMARY,
     RunDir,
     flatten,
+    metrics_so_far,
     resolved,
     temp_name,
     unwritten,
@@ -253,10 +254,10 @@ class Checkpointer:
 
     def describe(self) -> str:
         """Where the run stands on disk, for the message of an error that stopped it."""
+        metrics = metrics_so_far(self.out.path)
         if self.last:
-            return f"the last good checkpoint (round {self.last}) and the metrics so far are in {self.out.path}"
-        every = f"output.checkpoint_every: {self.every}"
-        return f"no checkpoint was written ({every}); the metrics so far are in {self.out.path}"
+            return f"the last good checkpoint (round {self.last}) is in {self.out.path}; {metrics}"
+        return f"no checkpoint was written (output.checkpoint_every: {self.every}); {metrics}"
 
     def _tell_clients(self, message_type: str, server_round: int) -> None:
         config = ConfigRecord(
