@@ -37,8 +37,8 @@ from fedsim.integrity import read_torch, verify
 from fedsim.norms.ln_variants import seed_norm_noise
 from fedsim.reading import read_json
 from fedsim.registry import PluginParams
-from fedsim.runner import check_runnable
 from fedsim.rundir import LOCAL_JSON, MODEL_CHECKSUM, SUMMARY, RunDir, Written, atomic_write, claimed, read_summary
+from fedsim.runner import check_runnable
 
 
 def local_dir(run_dir: str | Path, client: int, overrides: list[str] | None = None) -> Path:

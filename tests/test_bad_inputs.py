@@ -303,7 +303,8 @@ CASES: dict[str, Case] = {
     "sweep-missing": Case(("sweep", "{tmp}/none.yaml"), ("sweep file not found",)),
     "sweep-a-directory": Case(("sweep", "{tmp}"), ("a directory, not a YAML file",)),
     "sweep-parallel-negative": Case(
-        ("sweep", "{tmp}/sweep.yaml", "--parallel", "-1"), ("(or --parallel) = -1", "runs at once in 1.."), setup="sweep"
+        ("sweep", "{tmp}/sweep.yaml", "--parallel", "-1"), ("(or --parallel) = -1", "runs at once in 1.."),
+        setup="sweep",
     ),  # fmt: skip
     "sweep-parallel-zero": Case(
         ("sweep", "{tmp}/sweep.yaml", "--parallel", "0"), ("(or --parallel) = 0",), setup="sweep"

@@ -240,7 +240,11 @@ def test_invalid_cells_are_refused_together_before_any_run(tmp_path: Path, capsy
         ({"train.lr": [0.1], "train": [{"lr": 0.2}]}, {}, "train and train.lr set by grid"),
         ({}, {"cells": [{"train.lr": 0.1}, {"train": {"lr": 0.1}}]}, "train and train.lr set by cells"),
         ({"train.rounds": [1, 2]}, {"set": {"train.rounds": 1}}, "train.rounds set by both set and grid"),
-        ({}, {"set": {"train.rounds": 1}, "cells": [{"train": {"lr": 0.2}}]}, "train and train.rounds set by both cells and set"),
+        (
+            {},
+            {"set": {"train.rounds": 1}, "cells": [{"train": {"lr": 0.2}}]},
+            "train and train.rounds set by both cells and set",
+        ),
     ],
 )
 def test_a_value_set_in_two_places_is_refused(
