@@ -59,14 +59,18 @@ def main() -> None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(os.environ[SOCKET_ENV])
-        body = json.dumps({"argv": args}).encode()
-        socket.send_fds(sock, [HEADER.pack(len(body)) + body], [0, 1, 2])
-        pid, _ = REPLY.unpack(read_exactly(sock, REPLY.size))
     except (KeyError, OSError) as err:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         print(f"fedsim: no fork server ({err}); starting Flower's flwr-clientapp", file=sys.stderr)
         os.execv(flower_command()[0], ["flwr-clientapp", *args])
+    try:
+        body = json.dumps({"argv": args}).encode()
+        socket.send_fds(sock, [HEADER.pack(len(body)) + body], [0, 1, 2])
+        pid, _ = REPLY.unpack(read_exactly(sock, REPLY.size))
+    except OSError as err:  # the server went after it took the request: its task may run, so never a second one
+        print(f"fedsim: the fork server went ({err})", file=sys.stderr)
+        sys.exit(1)
     task.append(pid)
     try:
         _, status = REPLY.unpack(read_exactly(sock, REPLY.size))

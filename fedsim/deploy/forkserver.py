@@ -31,6 +31,7 @@ from fedsim.processes import die_with
 
 MAX_REQUEST = 1 << 20  # bytes of one request's JSON (its command line)
 MAX_CONFIG = 1 << 22  # bytes of a run config a child announces
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what stops a task (the SuperExec, a shim forwarding)
 
 
 def preload() -> None:
@@ -72,9 +73,10 @@ def run_task(argv: list[str], fds: list[int], announce: socket.socket, server: i
     """In a forked child of ``server``: become ``flwr-clientapp argv`` on the shim's stdio; never returns."""
     code: int = 1
     try:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+        for sig in (*STOPS, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         die_with(server)  # a fork server that ends, however it ends, takes its tasks with it
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)  # blocked by the server across the fork: now delivered
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
@@ -137,6 +139,10 @@ def serve(listener: socket.socket) -> None:
                     print(f"fedsim fork server: refused a request: {err}", file=sys.stderr)
                     conn.close()
                     continue
+                # the stop signals wait while the child is forked and its handlers become the defaults: one that
+                # came in between ran the server's handler there or, once the handler was reset, was dropped, and
+                # the task ran on (a task stopped as it started, by a shim that went at once)
+                mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
                 pid = os.fork()
                 if pid == 0:
                     sel.close()
@@ -146,6 +152,7 @@ def serve(listener: socket.socket) -> None:
                     for waiting in tasks.values():
                         waiting.close()
                     run_task(argv, fds, announce, server)
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 for fd in fds:
                     os.close(fd)
                 tasks[pid] = conn
