@@ -11,6 +11,15 @@ the SuperLink) retries an object that is not stored yet after 1 s, doubling. A S
 ClientApp's task before it has pulled the Message's objects, so a ClientApp that starts at once (forked,
 :mod:`fedsim.deploy.forkserver`) finds them missing and waits that second on every Message.
 
+Its SuperExec (a process of its own, ``flwr.supercore.superexec.run_superexec``) looks for a task to start
+a ClientApp for every ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` seconds, one HTTP request to the SuperNode
+each: an idle cost for both, and half an interval of latency on every Message. :func:`ring_when_stored`
+makes the SuperNode ring a doorbell (a FIFO, :class:`Doorbell`) once a Message and all its objects are
+stored, and :func:`wake_on_doorbell` makes the SuperExec's wait between looks end at a ring, so it looks
+at once, finds a task whose input is complete, and otherwise looks only every
+:data:`DOORBELL_FALLBACK_S` (Flower's default interval: a ring that could be lost costs no more than
+Flower's own poll).
+
 A SuperNode also tells the SuperLink it sends a heartbeat every 30 s, so a node that dies is declared
 dead (and its Messages answered with an error) only after 60 s; Flower's SuperLink accepts intervals
 from :data:`HEARTBEAT_S` = 10 s, which :func:`shorten_heartbeat` announces: 20 s.
@@ -18,7 +27,8 @@ from :data:`HEARTBEAT_S` = 10 s, which :func:`shorten_heartbeat` announces: 20 s
 :func:`shorten_node_loop` replaces the loop's sleeps with :data:`IDLE_POLL_S` and :data:`REPLY_POLL_S`;
 :func:`shorten_object_pulls` starts the retries at :data:`PULL_RETRY_S` (same doubling, same caps and
 limits). They run only in the processes of a deployment that fedsim starts or serves: ``fedsim-supernode``
-(:mod:`fedsim.deploy.supernode`), its fork server, and fedsim's ServerApp under a SuperLink; never in
+(:mod:`fedsim.deploy.supernode`), its SuperExec (:mod:`fedsim.deploy.superexec`) and fork server, and
+fedsim's ServerApp under a SuperLink; never in
 ``fedsim run``. Each applies only to the Flower version fedsim pins, and only if Flower's code still
 has exactly the waits described here; otherwise it changes nothing and says so, and
 ``tests/test_flower_waits.py`` fails, so that a Flower upgrade is checked here first.
@@ -27,7 +37,9 @@ has exactly the waits described here; otherwise it changes nothing and says so, 
 from __future__ import annotations
 
 import inspect
+import os
 import re
+import select
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +53,8 @@ HEARTBEAT_S = 10  # the shortest interval Flower's SuperLink accepts (HEARTBEAT_
 PULL_RETRY_S = 0.02  # the first retry of an object not stored yet; then doubling to Flower's cap of 10 s
 SLEEPS = {"time.sleep(3)": 1, "time.sleep(0.5)": 2}  # the calls the module must have, and how often
 SHORTER = {3: IDLE_POLL_S, 0.5: REPLY_POLL_S}
+DOORBELL_FALLBACK_S = 1.0  # the SuperExec's look for a task when no ring came: Flower's default interval
+SUPEREXEC_WAIT = "time.sleep(task_poll_interval)"  # the SuperExec loop's one wait, and its only use of time
 
 
 class ShortSleeps:
@@ -48,6 +62,48 @@ class ShortSleeps:
 
     def sleep(self, seconds: float) -> None:
         time.sleep(SHORTER.get(seconds, seconds))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+class Doorbell:
+    """A FIFO that a SuperNode rings and its SuperExec waits on. Both ends open it for reading and writing,
+    so that neither blocks on opening, a ring before the SuperExec opened it stays in the pipe, and a
+    reader never sees end-of-file (which would wake it at once, forever)."""
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+
+    @staticmethod
+    def make(path: str) -> Doorbell:
+        os.mkfifo(path, 0o600)
+        return Doorbell(path)
+
+    def ring(self) -> None:
+        try:
+            os.write(self.fd, b"\0")
+        except BlockingIOError:
+            pass  # a full pipe already holds rings the SuperExec has not heard yet: it will look
+
+    def wait(self, seconds: float) -> None:
+        """Until a ring (those that came meanwhile included) or ``seconds`` pass."""
+        if select.select([self.fd], [], [], seconds)[0]:
+            try:
+                while os.read(self.fd, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+
+
+class DoorbellSleeps:
+    """The ``time`` module as the SuperExec loop sees it: its wait between looks for a task ends at a ring."""
+
+    def __init__(self, doorbell: Doorbell) -> None:
+        self.doorbell = doorbell
+
+    def sleep(self, seconds: float) -> None:
+        self.doorbell.wait(DOORBELL_FALLBACK_S)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(time, name)
@@ -63,6 +119,22 @@ def unchanged(module: ModuleType, version: str) -> str | None:
             return f"{module.__name__} has {source.count(call)} calls of {call}, not {count}"
     if len(re.findall(r"\btime\.\w+\(", source)) != sum(SLEEPS.values()):
         return f"{module.__name__} calls the time module beyond its sleeps"
+    return None
+
+
+def superexec_unchanged(version: str) -> str | None:
+    """Why the doorbell does not fit (``None`` if it does): another Flower, a SuperExec loop with other uses
+    of time, or a SuperNode loop that no longer stores Messages through ``_pull_and_store_message``."""
+    from flwr.supercore.superexec import run_superexec
+    from flwr.supernode import start_client_internal
+
+    if version != FLOWER_VERSION:
+        return f"Flower {version} is not the {FLOWER_VERSION} this was written for"
+    source = inspect.getsource(run_superexec)
+    if source.count(SUPEREXEC_WAIT) != 1 or len(re.findall(r"\btime\.\w+\(", source)) != 1:
+        return f"{run_superexec.__name__} uses the time module other than by one {SUPEREXEC_WAIT}"
+    if inspect.getsource(start_client_internal).count("run_id = _pull_and_store_message(") != 1:
+        return f"{start_client_internal.__name__} stores Messages other than by one _pull_and_store_message call"
     return None
 
 
@@ -146,3 +218,33 @@ def shorten_object_pulls() -> bool:
             fn.__kwdefaults__["initial_backoff"] = PULL_RETRY_S
 
     return _apply("object pull retries", pulls_unchanged(flwr.__version__), patch)
+
+
+def ring_when_stored(doorbell: Doorbell) -> bool:
+    """Ring ``doorbell`` whenever this SuperNode has stored a Message with all its objects."""
+    import flwr
+    from flwr.supernode import start_client_internal
+
+    store = start_client_internal._pull_and_store_message
+
+    def pull_and_store(*args: Any, **kwargs: Any) -> int | None:
+        run_id = store(*args, **kwargs)
+        if run_id is not None:  # a Message and its objects are in the node's state: its task can start
+            doorbell.ring()
+        return run_id
+
+    def patch() -> None:
+        start_client_internal._pull_and_store_message = pull_and_store
+
+    return _apply("SuperExec polls", superexec_unchanged(flwr.__version__), patch)
+
+
+def wake_on_doorbell(doorbell: Doorbell) -> bool:
+    """In a SuperExec: look for a task when ``doorbell`` rings, else every :data:`DOORBELL_FALLBACK_S`."""
+    import flwr
+    from flwr.supercore.superexec import run_superexec
+
+    def patch() -> None:
+        run_superexec.time = DoorbellSleeps(doorbell)  # type: ignore[assignment]
+
+    return _apply("SuperExec polls", superexec_unchanged(flwr.__version__), patch)

@@ -5,6 +5,9 @@ Before it runs Flower's SuperNode in this process it
 - starts the node's fork server (:mod:`fedsim.deploy.forkserver`) on a Unix socket in a directory only
   this user can enter, and puts :mod:`fedsim.deploy.clientapp_shim` first on the PATH the SuperNode's
   SuperExec inherits, as ``flwr-clientapp``: every ClientApp process is then forked from a warm one;
+- puts :mod:`fedsim.deploy.superexec` there as ``flower-superexec``, the SuperExec the SuperNode starts,
+  and rings it through a doorbell in the same directory whenever a Message is stored: the SuperExec looks
+  for its task at once instead of polling;
 - shortens the SuperNode loop's fixed sleeps, its object pulls' first retry and its heartbeat interval
   (:mod:`fedsim.deploy.flower_waits`).
 
@@ -22,16 +25,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fedsim.deploy import clientapp_shim, flower_waits
+from fedsim.deploy import clientapp_shim, flower_waits, superexec
 from fedsim.processes import die_with_parent
 
 
-def write_shim(directory: Path) -> None:
-    """``directory/flwr-clientapp``: the shim, run by this interpreter without site-packages."""
+def write_commands(directory: Path) -> None:
+    """``directory/flwr-clientapp``, the shim, run by this interpreter without site-packages; and
+    ``directory/flower-superexec``, fedsim's SuperExec, run by this interpreter."""
     directory.mkdir(mode=0o700)
-    shim = directory / "flwr-clientapp"
-    shim.write_text(f"#!{sys.executable} -S\n" + Path(clientapp_shim.__file__).read_text())
-    shim.chmod(0o700)
+    for name, text in [
+        ("flwr-clientapp", f"#!{sys.executable} -S\n" + Path(clientapp_shim.__file__).read_text()),
+        ("flower-superexec", f"#!{sys.executable}\nfrom fedsim.deploy.superexec import main\n\nmain()\n"),
+    ]:
+        (directory / name).write_text(text)
+        (directory / name).chmod(0o700)
 
 
 def start_fork_server(private: Path) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
@@ -40,7 +47,7 @@ def start_fork_server(private: Path) -> tuple[subprocess.Popen[bytes], dict[str,
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(private / "forkserver.sock"))
     listener.listen(64)
-    write_shim(private / "bin")
+    write_commands(private / "bin")
     server = subprocess.Popen(  # noqa: S603 (this interpreter, a fedsim module)
         [sys.executable, "-m", "fedsim.deploy.forkserver", str(listener.fileno())],
         pass_fds=[listener.fileno()], preexec_fn=die_with_parent(),
@@ -59,6 +66,8 @@ def main() -> None:
     server, env = start_fork_server(private)
     atexit.register(server.terminate)  # before the directory goes (atexit runs last in, first out)
     os.environ.update(env)  # the SuperExec this SuperNode starts inherits it
+    if flower_waits.ring_when_stored(flower_waits.Doorbell.make(str(private / "doorbell"))):
+        os.environ[superexec.DOORBELL_ENV] = str(private / "doorbell")
     flower_waits.shorten_node_loop()
     flower_waits.shorten_object_pulls()
     flower_waits.shorten_heartbeat()
