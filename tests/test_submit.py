@@ -133,6 +133,35 @@ def test_rounds_and_summary_appear_in_the_log(tmp_path: Path, monkeypatch: pytes
     assert lines[-1] == "run 3: finished:completed"
 
 
+def test_resume_submits_the_run_config_with_fedsim_resume_and_leaves_the_run_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``docker compose run --rm submit --resume``: the project's run config as it is, but fedsim-resume = true."""
+    import tomllib
+
+    from fedsim.deploy import submit as program
+
+    (tmp_path / "run-config.toml").write_text('fedsim-config = "{\\"name\\": \\"q\\"}"\nfedsim-resume = false\n')
+    run_dir = tmp_path / "run"
+    write_run(run_dir, 1)  # what the killed run left: a summary too is left to the ServerApp to refuse
+    submitted: list[dict] = []
+
+    def flwr(args: list[str], timeout: float = 120) -> dict:
+        if args[0] == "run":
+            submitted.append(tomllib.loads(Path(args[args.index("--run-config") + 1]).read_text()))
+            return {"run-id": "5"}
+        return {"runs": [{"status": "finished:completed"}]}
+
+    monkeypatch.setattr(program, "flwr", flwr)
+    monkeypatch.setattr(program, "stream_log", lambda run_id: None)
+    assert program.main(["--timeout", "5", "run", "--app", "/fedsim/app", "--run-config",
+                         str(tmp_path / "run-config.toml"), "--run-dir", str(run_dir), "--resume"]) == 0  # fmt: skip
+    assert submitted == [{"fedsim-config": '{"name": "q"}', "fedsim-resume": True}]
+    assert "fedsim-resume = false" in (tmp_path / "run-config.toml").read_text()  # the project's file unchanged
+    assert (run_dir / "summary.json").is_file() and (run_dir / "metrics.jsonl").is_file()
+    assert not (run_dir / "progress.json").exists()  # the killed run's last round is not shown as this one's
+
+
 def test_registering_again_is_not_an_error(tmp_path: Path) -> None:
     env = fake_flwr(tmp_path, {
         "ls": {"success": True, "runs": []},

@@ -3,13 +3,16 @@ SuperLink, as the first process of their containers.
 
     python -m fedsim.deploy.submit register --timeout 120 /keys/supernode-0.pub ...
     python -m fedsim.deploy.submit run --timeout 120 --app /fedsim/app --run-config /fedsim/run-config.toml \
-        --run-dir /fedsim/runs/quickstart
+        --run-dir /fedsim/runs/quickstart [--resume]
 
 Both first wait, at most ``--timeout`` seconds, until the SuperLink answers, printing why it does not
 (each new reason once). ``register`` adds the SuperNodes' public keys; a key registered before counts
 as registered, so it can run again. ``run`` submits the run, streams the ServerApp's log, prints one
 line per round from the run directory (when the SuperLink's ``runs/`` is mounted, as in the generated
-project) and the summary, and exits 0 only for a run that finished completed.
+project) and the summary, and exits 0 only for a run that finished completed. ``run --resume`` submits
+the run config with ``fedsim-resume = true``: the ServerApp goes on from the checkpoint in the run
+directory, as under ``fedsim deploy --resume`` (``docker compose run --rm submit --resume``: the
+service's entrypoint is this command, so the flag lands after its arguments).
 
 Exit status: 0 done, 1 the run failed or was stopped, 2 the SuperLink never answered or refused a
 request, 143 on SIGTERM (as PID 1 a process ignores a SIGTERM it has no handler for).
@@ -22,12 +25,17 @@ import json
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
+from fedsim import wire
 from fedsim.deploy.topology import CONNECTION
 from fedsim.errors import FedsimError
 from fedsim.rundir import PROGRESS, SUMMARY, read_metrics, read_progress, read_summary
@@ -148,13 +156,30 @@ class RoundPrinter:
         self.say("summary: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in shown))
 
 
-def submit(app: str, run_config: str, run_dir: Path | None, rounds: int | None, say: Callable[[str], None]) -> int:
-    """Submit the run, show it until it ends; 0 if it finished completed, else 1."""
-    for stale in (SUMMARY, PROGRESS):  # this run's, not the last one's
+def resuming(run_config: str, directory: Path) -> str:
+    """A copy of the ``run_config`` file in ``directory`` that asks the ServerApp to resume (the flwr CLI takes
+    one TOML file or key=value pairs, never both)."""
+    config = tomllib.loads(Path(run_config).read_text())
+    config[wire.RESUME] = True
+    path = directory / "run-config.toml"
+    path.write_text(tomli_w.dumps(config))
+    return str(path)
+
+
+def submit(
+    app: str, run_config: str, run_dir: Path | None, rounds: int | None, say: Callable[[str], None],
+    resume: bool = False,
+) -> int:  # fmt: skip
+    """Submit the run (``resume``: from its checkpoint), show it until it ends; 0 if it finished completed,
+    else 1."""
+    # this run's, not the last one's; a summary stays on resume: the ServerApp refuses to resume a finished run
+    for stale in (PROGRESS,) if resume else (SUMMARY, PROGRESS):
         if run_dir is not None:
             (run_dir / stale).unlink(missing_ok=True)
-    run_id = int(flwr(["run", app, CONNECTION, "--run-config", run_config])["run-id"])
-    say(f"run {run_id} submitted; the ServerApp's log follows")
+    with tempfile.TemporaryDirectory(prefix="fedsim-submit-") as tmp:
+        given = resuming(run_config, Path(tmp)) if resume else run_config
+        run_id = int(flwr(["run", app, CONNECTION, "--run-config", given])["run-id"])
+    say(f"run {run_id} {'resumed from its checkpoint' if resume else 'submitted'}; the ServerApp's log follows")
     printer = RoundPrinter(run_dir, rounds, say) if run_dir is not None else None
     if printer is not None:
         threading.Thread(target=printer.follow, daemon=True).start()
@@ -185,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--run-config", required=True)
     run.add_argument("--run-dir", type=Path, default=None, help="the run directory, if mounted here")
     run.add_argument("--rounds", type=int, default=None)
+    run.add_argument("--resume", action="store_true", help="go on from the checkpoint in the run directory")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
 
@@ -196,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "register":
             register(args.keys, say)
             return 0
-        return submit(args.app, args.run_config, args.run_dir, args.rounds, say)
+        return submit(args.app, args.run_config, args.run_dir, args.rounds, say, args.resume)
     except SubmitError as err:
         say(f"fedsim submit: error: {err}")
         return 2
