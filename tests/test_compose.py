@@ -63,7 +63,8 @@ def test_one_service_per_supernode_with_complete_unique_partition_ids(tmp_path: 
     assert sorted(ids) == list(range(nodes)) and len(set(ids)) == nodes
 
     submit = services["submit"]
-    assert submit["command"] == [
+    # an entrypoint: `docker compose run --rm submit --resume` appends to it (tests/test_containers.py runs that)
+    assert "command" not in submit and submit["entrypoint"] == [
         "python", "-m", "fedsim.deploy.submit", "--timeout", "120", "run", "--app", "/fedsim/app",
         "--run-config", "/fedsim/run-config.toml", "--run-dir", "/fedsim/runs/quickstart", "--rounds", "10",
     ]  # fmt: skip
@@ -229,7 +230,22 @@ def test_supernodes_start_after_their_keys_are_registered_and_submit_registers_n
             "superlink": {"condition": "service_started"},
             "register": {"condition": "service_completed_successfully"},
         }
-    assert "register" not in services["submit"]["command"]  # a second `run submit` submits again, nothing else
+    assert "register" not in services["submit"]["entrypoint"]  # a second `run submit` submits again, nothing else
+
+
+def test_the_certificate_names_loopback_whatever_the_superlinks_address(tmp_path: Path) -> None:
+    """The SuperLink's own SuperExec connects to it on 127.0.0.1: across hosts (deploy.address 0.0.0.0, as
+    docs/deployment.md's recipe says) a certificate without it failed that handshake and no ServerApp started."""
+    import ipaddress
+
+    from cryptography import x509
+
+    compose(QUICKSTART, tmp_path, "--superlink-host", "server.example.org",
+            "--set", "deploy.tls=true", "deploy.address=0.0.0.0")  # fmt: skip
+    cert = x509.load_pem_x509_certificate((tmp_path / "tls" / "superlink.pem").read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert ipaddress.ip_address("127.0.0.1") in names.get_values_for_type(x509.IPAddress)
+    assert "server.example.org" in names.get_values_for_type(x509.DNSName)
 
 
 def test_no_service_runs_a_shell(tmp_path: Path) -> None:
@@ -238,7 +254,8 @@ def test_no_service_runs_a_shell(tmp_path: Path) -> None:
         "services"
     ]
     for name, service in services.items():
-        assert service["command"][0] in ("flower-superlink", "fedsim-supernode", "python"), name
+        program = service.get("command", service.get("entrypoint"))[0]
+        assert program in ("flower-superlink", "fedsim-supernode", "python"), name
 
 
 def test_compose_file_is_one_docker_compose_1_29_accepts(tmp_path: Path) -> None:
@@ -421,7 +438,8 @@ def test_dns_names_and_ip_addresses_are_hosts(tmp_path: Path) -> None:
 def test_dollars_in_values_are_escaped_from_compose_interpolation(tmp_path: Path, name: str) -> None:
     # Compose interpolates $ everywhere in compose.yaml: x${HOME} would have named the run after the host's home
     services = compose(QUICKSTART, tmp_path, "--set", f"name={name}")["services"]
-    run_dir = services["submit"]["command"][services["submit"]["command"].index("--run-dir") + 1]
+    submit = services["submit"]["entrypoint"]
+    run_dir = submit[submit.index("--run-dir") + 1]
     assert run_dir == f"/fedsim/runs/{name.replace('$', '$$')}"  # Compose reads $$ as one $
     # fedsim's own variables stay variables
     assert services["superlink"]["user"] == "${FEDSIM_UID:-49999}:${FEDSIM_GID:-49999}"

@@ -3,7 +3,8 @@
 Services: ``superlink`` (runs the ServerApp; holds the run directory), ``supernode-<i>`` for every
 partition (its partition id in node config, the data read-only, CPU / memory / GPU limits), with
 SuperNode auth ``register`` (adds the SuperNodes' keys before they start) and ``submit`` (submits the
-run and follows it: :mod:`fedsim.deploy.submit`). Every container runs the same fedsim image
+run and follows it, or resumes it from its checkpoint with ``docker compose run --rm submit --resume``:
+:mod:`fedsim.deploy.submit`). Every container runs the same fedsim image
 (``docker/Dockerfile``) as the host user who wrote the project (``.env``), so what they write to the
 bind mounts (``runs/``, ``state/``) is that user's. The data (mounted from ``$FEDSIM_DATA``, default
 the host directory holding ``data.root``; shipped ``fedsim:`` data is in the image) and the run
@@ -173,7 +174,10 @@ def compose_project(cfg: RunConfig, topo: Topology, node_memory: str | None = No
         services[f"supernode-{pid}"]["environment"].update(runtime)
     run = ["run", "--app", f"{PROJECT}/app", "--run-config", f"{PROJECT}/run-config.toml",
            "--run-dir", f"{PROJECT}/runs/{cfg.name}", "--rounds", str(cfg.train.rounds)]  # fmt: skip
-    services["submit"] = _service([*wait, *run], cli, depends_on=["superlink"], restart="no")
+    # an entrypoint, not a command: `docker compose run --rm submit --resume` appends the flag to it, where
+    # arguments given to `run` would replace a command whole
+    submit = _service([*wait, *run], cli, depends_on=["superlink"], restart="no")
+    services["submit"] = {"entrypoint" if key == "command" else key: value for key, value in submit.items()}
     for name in ("register", "submit"):
         if name in services:
             services[name]["environment"]["FLWR_HOME"] = f"{PROJECT}/flwr"
@@ -241,7 +245,9 @@ def _write_project(
         key = read_bytes(given.key, "deploy.certificates.key", MIB)
         write_secret(out / "tls" / "superlink.key", key)  # owner-only, as the original
     elif cfg.deploy.tls:  # made afresh: the names and the node count may have changed
-        make_tls(out / "tls", [superlink_host, "superlink", "localhost", cfg.deploy.address, *tls_hosts])
+        # 127.0.0.1: the SuperLink's own SuperExec reaches it there, whatever deploy.address is (0.0.0.0 across hosts)
+        names = [superlink_host, "superlink", "localhost", "127.0.0.1", cfg.deploy.address, *tls_hosts]
+        make_tls(out / "tls", names)
     if cfg.deploy.supernode_auth:
         shutil.rmtree(out / "node-keys", ignore_errors=True)
         make_node_keys(out / "node-keys", cfg.train.num_clients)
