@@ -80,6 +80,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The end-to-end tests (marked ``slow``: tens of seconds, much of it waiting on Flower's fixed timings
-    and process start-up) first: pytest-xdist's workers then start on them and fill the rest of the run
-    with the short tests, instead of ending on one long test while the other worker idles."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: each group keeps its order
+    and process start-up) first, and of those the ones marked ``long`` (a minute or more) before the rest:
+    pytest-xdist's workers start on the longest and steal the short ones from each other's queues at the
+    end, instead of ending on one long test while the other worker idles (measured, loaded: slow tests in
+    file order left one worker idle for the last 80 s, 4% of the run)."""
+    items.sort(key=lambda item: (item.get_closest_marker("long") is None, item.get_closest_marker("slow") is None))

@@ -455,6 +455,7 @@ def test_shipped_mnist_small_is_balanced_and_small() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_real_cifar10_q75_archive(cifar_cache: Path) -> None:
     if not CIFAR_Q75.is_file():
         pytest.skip(f"{CIFAR_Q75} is absent (see ../shared/datasets/README.md)")

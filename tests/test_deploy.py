@@ -124,6 +124,7 @@ def assert_same_numbers(deployed: list[dict], simulated: list[dict]) -> None:
             assert d[key] == pytest.approx(s[key], rel=1e-5, abs=1e-6), key
 
 
+@pytest.mark.long
 def test_killed_deploy_resumes_to_the_simulation_metrics_and_stops_every_process(tmp_path: Path) -> None:
     """A deployed run whose SuperLink and ServerApp are SIGKILLed as round 2 starts, after round 1's checkpoint
     (tests/plugins/superlink_killer.py: at that round on any machine, no watcher racing the run), continued by
@@ -198,6 +199,7 @@ def superlink_pid(run_dir: Path) -> int:
     raise AssertionError("no SuperLink process")
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
 def test_stopping_the_launcher_stops_every_process(tmp_path: Path, sig: signal.Signals) -> None:
     port = free_port("127.0.0.1")
@@ -223,6 +225,7 @@ def test_stopping_the_launcher_stops_every_process(tmp_path: Path, sig: signal.S
     assert not (run_dir / "summary.json").exists()
 
 
+@pytest.mark.long
 def test_killed_supernode_is_skipped_or_stops_the_run(tmp_path: Path) -> None:
     """Both policies side by side: Flower declares a SuperNode dead after two heartbeat intervals without a
     heartbeat (20 s under fedsim-supernode, fedsim.deploy.flower_waits), and the two runs wait for that at
@@ -310,6 +313,7 @@ def listening(pid: int) -> set[str]:
     return {line.split()[3] for line in out.splitlines() if f"pid={pid}," in line}
 
 
+@pytest.mark.long
 def test_tls_and_supernode_auth_across_network_namespaces(
     tmp_path: Path, nodes_namespace: tuple[str, str, str]
 ) -> None:

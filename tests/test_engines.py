@@ -43,6 +43,7 @@ def test_partial_participation_is_seeded_and_changes_training(tmp_path: Path) ->
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_inline_ray_pool_and_flower_runtime_agree_at_the_same_cpu_priority(tmp_path: Path) -> None:
     """Same numbers from every engine; and Ray's workers run at this process's niceness, not Ray's
     default of 15 more, which starved them beside any other busy process."""

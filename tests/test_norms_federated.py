@@ -42,6 +42,7 @@ def test_every_norm_trains_under_fedavg(tmp_path: Path, norm: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_norm_families_on_the_ray_pool_match_inline(tmp_path: Path) -> None:
     # one of each family: running statistics, per-pixel groups, smoothed scale, layer replacement
     norms = ["ln_goldschmidt", "pln", "ln_weierstrass", "patchnorm"]

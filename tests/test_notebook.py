@@ -16,6 +16,7 @@ NOTEBOOK = REPO / "examples" / "sweep_from_python.ipynb"
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_sweep_notebook_runs_and_shows_the_runs_it_made(tmp_path: Path) -> None:
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",

@@ -129,6 +129,7 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path: Path, case: s
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize(
     "engine",
     [

@@ -174,6 +174,7 @@ def wait_until(condition, timeout: float, what: str) -> None:  # type: ignore[no
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_stopping_a_sweep_stops_its_runs_and_a_rerun_resumes_them(tmp_path: Path) -> None:
     # each signal comes while both cells wait at a known round (tests/plugins/hold_at_round.py), two rounds
     # past a checkpoint: on any machine, where a cell could finish before a watcher's signal on a loaded one
