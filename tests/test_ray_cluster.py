@@ -114,6 +114,8 @@ def on_cluster(address: str, engine: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # with the Ray head these four share: first in the queue, where steals come last, so
+# one worker runs all four and starts the head once
 @pytest.mark.parametrize(("engine", "actor_class"), [("local", "_Worker"), ("flower", "ClientAppActor")])
 def test_run_on_existing_cluster_matches_inline(
     ray_head: Head, inline_metrics: list[dict[str, Any]], tmp_path: Path, engine: str, actor_class: str
@@ -130,6 +132,7 @@ def test_run_on_existing_cluster_matches_inline(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("engine", ["local", "flower"])
 def test_no_address_starts_ray_here_even_beside_a_cluster(
     ray_head: Head, inline_metrics: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
