@@ -249,20 +249,10 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 @contextmanager
 def handlers_kept() -> Iterator[None]:
-    """This process's SIGINT and SIGTERM handlers as they were before the block, whatever it installed.
-
-    ``ray.init`` makes SIGTERM ``sys.exit(15)`` in the driver, and the absl failure handler of Ray's
-    core worker prints a stack dump on it: inside this block they last only until it ends, and a
-    ``sys.exit(15)`` they make of a SIGTERM meanwhile is :class:`Terminated` where fedsim's handler was
-    in place, so SIGTERM stays :class:`Terminated` for the whole run.
-    """
+    """This process's SIGINT and SIGTERM handlers as they were before the block, whatever it installed."""
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
-    except SystemExit as exit_:  # Ray's handler, while the block ran: SIGTERM, as fedsim's handler has it
-        if exit_.code != signal.SIGTERM or saved[signal.SIGTERM] is not _raise_terminated:
-            raise
-        raise _interrupt(signal.SIGTERM) from None
     finally:
         if threading.current_thread() is threading.main_thread():  # where handlers can be set at all
             for sig, handler in saved.items():

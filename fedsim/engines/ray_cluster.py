@@ -9,19 +9,22 @@ A Ray instance started here never outlives this process: Ray's head processes ge
 signal from Ray itself, but its agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) are the
 raylet's children and, once it is gone, spend a minute trying to report to the dead GCS (deaf to
 SIGTERM meanwhile); a :func:`fedsim.processes.watchdog` kills them. And ``ray.init`` installs its own SIGTERM handler
-(``sys.exit(15)``, after absl's stack dump): fedsim's is put back, so SIGTERM stays one line, 143.
+(``sys.exit(15)``), and the absl failure handler of its core worker takes SIGTERM as a crash: neither is
+let in (:func:`_uninterrupted`), so a SIGTERM stays one line, 143, during ``ray.init`` too.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fedsim.config import RunConfig, SimulationConfig
 from fedsim.errors import ConfigError
 from fedsim.names import check_host
-from fedsim.processes import handlers_kept, watchdog
+from fedsim.processes import signals_deferred, watchdog
 
 FIELD = "simulation.ray_address"
 FORMS = "auto, host:port (the head's GCS, port 6379 by default) or ray://host:port (Ray Client, port 10001)"
@@ -75,6 +78,32 @@ def check_ray_address(cfg: RunConfig) -> None:
         ) from err
 
 
+@contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """Ctrl-C or SIGTERM while the block (``ray.init``) runs is raised once it has ended; a second one at once.
+
+    Raised inside ``ray.init``, the signal left Ray's core worker half built and its C++ threads running into
+    the interpreter's exit: a segfault after fedsim's line (exit 139: 2 of 2 Ctrl-Cs sent as the core worker
+    started, 3 of 3 SIGTERMs once absl's handler was off). Two handlers of Ray's took SIGTERM there and are
+    kept out of the block. ray.init's own
+    (``sys.exit``) is set through ``set_sigterm_handler``, a no-op meanwhile (Ray defers Ctrl-C the same way,
+    ``DeferSigint``). The absl failure handler that the core worker installs counts SIGTERM as a crash: it
+    printed a stack dump and armed a 3 s alarm that abort()ed the unwinding run (exit 134, 3 of 3); Ray's
+    switch for it is the variable RAY_DISABLE_FAILURE_SIGNAL_HANDLER, read at import into the constant that
+    the core worker reads as it starts: the constant is set, for this process alone (Ray's workers would
+    inherit the variable). The cost: no C++ stack when Ray's code crashes in this process.
+    """
+    from ray._private import ray_constants, utils
+
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    set_sigterm_handler, utils.set_sigterm_handler = utils.set_sigterm_handler, lambda handler: None
+    try:
+        with signals_deferred(lambda: None):  # nothing to wind down: ray.init ends by itself
+            yield
+    finally:
+        utils.set_sigterm_handler = set_sigterm_handler
+
+
 def start_ray(address: str | None, **init_args: Any) -> None:
     """``ray.init``: a Ray instance here (``address`` None), never a cluster that `ray start` left
     running, or the cluster at ``address``; see the module's docstring for what it guarantees."""
@@ -82,7 +111,7 @@ def start_ray(address: str | None, **init_args: Any) -> None:
 
     if address is None:  # from before the head starts, so its agents are found as they appear; they are
         watchdog(grace_s=AGENTS_GRACE_S)  # killed: an agent waiting on the dead GCS acts on SIGTERM after 60 s
-    with handlers_kept():
+    with _uninterrupted():
         ray.init(address=address or "local", include_dashboard=False, **init_args)
 
 
