@@ -109,10 +109,11 @@ def _cmd_local(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from fedsim.plots import write_plots
+    from fedsim.plots import parse_references, write_plots
 
+    references = parse_references(args.reference)
     out = args.out or (args.run_dirs[0] if len(args.run_dirs) == 1 else ".")
-    written, notes = write_plots(args.run_dirs, out, over_seeds=args.mean_over_seeds)
+    written, notes = write_plots(args.run_dirs, out, args.mean_over_seeds, args.log_rounds, references)
     for path in written:
         print(path)
     for note in notes:
@@ -206,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument(
         "--mean-over-seeds", action="store_true",
         help="accuracy.png: runs that differ only in their seed as one line, the mean, shaded ± std",
+    )  # fmt: skip
+    plot.add_argument("--log-rounds", action="store_true", help="rounds on a log scale (accuracy, effective rank)")
+    plot.add_argument(
+        "--reference", action="append", default=[], metavar="NAME=PERCENT",
+        help='accuracy.png: mark an accuracy, e.g. --reference "LN-FL FedLN=78.04" (repeatable)',
     )  # fmt: skip
     plot.set_defaults(func=_cmd_plot)
     local = sub.add_parser(

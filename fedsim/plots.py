@@ -19,12 +19,13 @@ switch and no figure registry to leak from a long-lived process.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedsim.errors import FedsimError
+from fedsim.errors import ConfigError, FedsimError
 from fedsim.local import read_request
 from fedsim.rundir import (
     LOCAL_JSON,
@@ -49,11 +50,41 @@ def _figure(width: float, height: float) -> Any:
     return Figure(figsize=(width, height), layout="constrained")
 
 
-def _integer_rounds(ax: Any) -> None:
+def _rounds_axis(ax: Any, log_rounds: bool = False) -> None:
+    """Rounds on x: integer ticks, or a log scale (a 10,000-round run's first hundred rounds stay visible)."""
     from matplotlib.ticker import MaxNLocator
 
+    if log_rounds:
+        ax.set_xscale("log")
+        ax.set_xlabel("round (log scale)")
+        return
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
+
+
+def parse_references(pairs: list[str]) -> dict[str, float]:
+    """``--reference NAME=PERCENT`` values as {name: accuracy in %}, e.g. ``"LN-FL FedLN=78.04"``."""
+    references: dict[str, float] = {}
+    for pair in pairs:
+        name, sep, value = pair.rpartition("=")
+        try:
+            percent = float(value)
+        except ValueError:
+            percent = float("nan")
+        if not sep or not name.strip() or not name.isprintable() or not 0 <= percent <= 100:  # NaN fails too
+            raise ConfigError(f"--reference {pair!r}: give NAME=PERCENT, a name and an accuracy in [0, 100]")
+        if name in references:
+            raise ConfigError(f"--reference {pair!r}: {name!r} is given twice")
+        references[name] = percent
+    return references
+
+
+def _mark_references(ax: Any, references: Mapping[str, float]) -> None:
+    """A dotted horizontal line per reference accuracy (in %), named at the right end of the axes."""
+    for name, value in references.items():
+        ax.axhline(value, color="0.35", linestyle=":", linewidth=1)
+        ax.annotate(f"{name}: {value:g}", (1, value), xycoords=("axes fraction", "data"), xytext=(-3, 2),
+                    textcoords="offset points", ha="right", va="bottom", fontsize=7, color="0.25")  # fmt: skip
 
 
 def run_labels(runs: list[dict[str, Any]]) -> list[str]:
@@ -74,12 +105,18 @@ def _series(run: dict[str, Any], key: str) -> list[tuple[int, float]]:
 
 
 def plot_accuracy(
-    runs: list[dict[str, Any]], path: Path, with_global: bool = False, over_seeds: bool = False
+    runs: list[dict[str, Any]],
+    path: Path,
+    with_global: bool = False,
+    over_seeds: bool = False,
+    log_rounds: bool = False,
+    references: Mapping[str, float] | None = None,
 ) -> None:
     """Client-mean accuracy (solid) and, ``with_global``, global-model accuracy (dashed) per round.
 
     ``over_seeds``: one line per group of runs that differ only in their seed (:func:`seed_groups`),
     the mean over the seeds, shaded ± one standard deviation, at the rounds every member evaluated.
+    ``log_rounds``: rounds on a log scale; ``references``: accuracies (%) to mark, e.g. a paper's.
     """
     fig = _figure(7, 4.5)
     ax = fig.add_subplot()
@@ -98,7 +135,8 @@ def plot_accuracy(
         glob_rounds, glob, _ = mean_and_std(members, "global_acc")
         if with_global and glob_rounds:
             ax.plot(glob_rounds, glob, color=line.get_color(), linestyle="--", linewidth=1)
-    _integer_rounds(ax)
+    _mark_references(ax, references or {})
+    _rounds_axis(ax, log_rounds)
     ax.set_ylabel("accuracy (%)")
     title = "client-mean accuracy" + (" (solid) and global-model accuracy (dashed)" if with_global else "")
     ax.set_title(title + (", mean ± std over seeds" if over_seeds else ""), fontsize=10)
@@ -188,7 +226,7 @@ def _spectra(run: dict[str, Any]) -> list[dict[str, Any]]:
     return [m for m in run["metrics"] if m.get("feature_sv")]
 
 
-def plot_feature_spectrum(runs: list[dict[str, Any]], path: Path) -> int:
+def plot_feature_spectrum(runs: list[dict[str, Any]], path: Path, log_rounds: bool = False) -> int:
     """σ_k/σ_1 of the penultimate features (first and last evaluation) and effective rank per round.
 
     Returns how many runs had the diagnostics (``diagnostics: {features: true}``); nothing is
@@ -215,7 +253,7 @@ def plot_feature_spectrum(runs: list[dict[str, Any]], path: Path) -> int:
     spec.set_title("singular values of the penultimate features (probe batch)", fontsize=9)
     spec.grid(alpha=0.3, which="both")
     spec.legend(fontsize=7, loc="best")
-    _integer_rounds(erank)
+    _rounds_axis(erank, log_rounds)
     erank.set_ylabel("effective rank exp H(σ/Σσ)")
     erank.set_title("effective rank (Roy & Vetterli 2007)", fontsize=9)
     erank.grid(alpha=0.3)
@@ -281,12 +319,17 @@ def _directories(paths: list[str | Path]) -> list[Path]:
 
 
 def write_plots(
-    paths: list[str | Path], out: str | Path, over_seeds: bool = False
+    paths: list[str | Path],
+    out: str | Path,
+    over_seeds: bool = False,
+    log_rounds: bool = False,
+    references: Mapping[str, float] | None = None,
 ) -> tuple[list[Path], list[str]]:
     """Write every figure the runs have data for into ``out``; returns (files written, notes on skipped ones).
 
     ``over_seeds``: the accuracy plot draws runs that differ only in their seed as one mean line with a
-    ± std band."""
+    ± std band. ``log_rounds``: rounds on a log scale (accuracy, effective rank); ``references``:
+    accuracies (%) marked on the accuracy plot."""
     runs = [read_run(p) for p in find_runs(paths)]
     continuations = find_continuations(paths)
     if not runs and not continuations:
@@ -303,13 +346,13 @@ def write_plots(
     written: list[Path] = []
     notes: list[str] = []
     if runs:
-        plot_accuracy(runs, out / ACCURACY, with_global=True, over_seeds=over_seeds)
+        plot_accuracy(runs, out / ACCURACY, True, over_seeds, log_rounds, references)
         written.append(out / ACCURACY)
         if plot_label_distribution(runs, out / LABELS):
             written.append(out / LABELS)
         else:
             notes.append(f"{LABELS}: no partition.csv in these runs")
-        if plot_feature_spectrum(runs, out / SPECTRUM):
+        if plot_feature_spectrum(runs, out / SPECTRUM, log_rounds):
             written.append(out / SPECTRUM)
         else:
             notes.append(f"{SPECTRUM}: no feature diagnostics in these runs (set diagnostics.features: true)")

@@ -234,3 +234,33 @@ def test_fedsim_plot_writes_three_pngs(
     assert "feature_spectrum.png: no feature diagnostics" in captured.err
     assert (runs["ln_plain"] / "accuracy.png").exists() and not (runs["ln_plain"] / "feature_spectrum.png").exists()
     assert main(["plot", str(tmp_path / "nope")]) == 2
+
+
+def test_fedsim_plot_draws_rounds_on_a_log_scale_and_marks_reference_accuracies(
+    runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from matplotlib.figure import Figure
+
+    saved: dict[str, Figure] = {}
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: (saved.update({Path(path).name: fig}),
+                                                                   save(fig, path, **kw)))  # fmt: skip
+    args = ["--log-rounds", "--reference", "LN-FL FedLN=78.04", "--reference", "LN-FL FedAvg=56.82"]
+    assert main(["plot", *map(str, runs.values()), "--out", str(tmp_path / "plots"), *args]) == 0
+    (acc,) = saved["accuracy.png"].axes
+    assert acc.get_xscale() == "log" and acc.get_xlabel() == "round (log scale)"
+    marks = [line.get_ydata()[0] for line in acc.get_lines() if line.get_linestyle() == ":"]
+    assert marks == [78.04, 56.82]
+    assert {t.get_text() for t in acc.texts} == {"LN-FL FedLN: 78.04", "LN-FL FedAvg: 56.82"}
+    assert saved["feature_spectrum.png"].axes[1].get_xscale() == "log"  # effective rank over rounds
+
+    saved.clear()
+    assert main(["plot", *map(str, runs.values()), "--out", str(tmp_path / "plain")]) == 0
+    (acc,) = saved["accuracy.png"].axes
+    assert acc.get_xscale() == "linear" and not acc.texts  # neither without the options
+    capsys.readouterr()
+    for bad in ["FedLN=101", "FedLN=nan", "=50", "FedLN", "FedLN=high"]:
+        assert main(["plot", str(runs["ln_plain"]), "--out", str(tmp_path / "bad"), "--reference", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--reference" in err and "[0, 100]" in err, err
+    assert not (tmp_path / "bad").exists()  # refused before anything is written
