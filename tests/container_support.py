@@ -150,35 +150,101 @@ def compose_programs() -> dict[str, list[str]]:
     return found
 
 
-ONE_NETNS = "one-netns.yaml"
+OVERRIDE = "test-override.yaml"  # the test's compose file on top of the generated one
+Services = dict[str, dict[str, object]]
 
 
-def one_network_namespace(project: Path) -> Path:
+def one_network_namespace(project: Path) -> Services:
     """The test's override: every service in the SuperLink's network namespace, which has loopback only
     (no network of Docker's, no published port; ``superlink`` names 127.0.0.1 there). This machine's
     firewall drops bridge traffic between containers; the generated file stays the one users run."""
     services = yaml.safe_load((project / "compose.yaml").read_text())["services"]
-    override: dict[str, dict[str, object]] = {
-        "superlink": {"network_mode": "none", "extra_hosts": ["superlink:127.0.0.1"]},
-    }
+    override: Services = {"superlink": {"network_mode": "none", "extra_hosts": ["superlink:127.0.0.1"]}}
     for name in services:
         if name != "superlink":
             override[name] = {"network_mode": "service:superlink"}
-    path = project / ONE_NETNS
-    path.write_text(yaml.safe_dump({"services": override}, sort_keys=False))
-    return path
+    return override
+
+
+# --- two "hosts": two projects in network namespaces of their own, linked by a veth pair --------------
+
+SUPERLINK_ADDRESS, NODES_ADDRESS = "10.77.0.1", "10.77.0.2"  # the veth's two ends, a /30 of the test's own
+NETNS = "netns"  # the nodes' host's network: a service that only holds a namespace for the SuperNodes to join
+
+
+def superlink_host(project: Path, name: str) -> Services:
+    """The SuperLink's host: its services in the SuperLink's namespace (loopback, then the veth), where
+    ``name``, the host name the project was generated with, is the veth's address."""
+    override = one_network_namespace(project)
+    override["superlink"]["extra_hosts"] = ["superlink:127.0.0.1", f"{name}:{SUPERLINK_ADDRESS}"]
+    return override
+
+
+def nodes_host(project: Path, name: str) -> Services:
+    """A client host: its SuperNodes in the namespace of a ``netns`` service (loopback, then the veth), where
+    ``name`` resolves to the SuperLink's end of the veth. docker-init as its PID 1 ends it on SIGTERM."""
+    holder = {"image": IMAGE, "network_mode": "none", "extra_hosts": [f"{name}:{SUPERLINK_ADDRESS}"],
+              "entrypoint": ["sleep", "infinity"], "init": True}  # fmt: skip
+    override: Services = {NETNS: holder}
+    services = yaml.safe_load((project / "compose.yaml").read_text())["services"]
+    for service in services:
+        if service.startswith("supernode-"):
+            override[service] = {"network_mode": f"service:{NETNS}"}
+    return override
+
+
+def ip(*args: str, pid: int | None = None) -> None:
+    """``ip`` here, or in the network namespace of process ``pid``."""
+    sh([*(["nsenter", "-t", str(pid), "-n"] if pid else []), "ip", *args], 60)
+
+
+@contextmanager
+def veth(superlink_pid: int, nodes_pid: int) -> Iterator[str]:
+    """A veth pair from the SuperLink's network namespace (``SUPERLINK_ADDRESS``) to the nodes' (``NODES_ADDRESS``),
+    as tests/test_deploy.py links the namespace of its SuperNodes; yields the SuperLink's end. Each end goes
+    with its namespace; an end still here (a step failed) is deleted, and with it the pair."""
+    tag = os.getpid() % 100000
+    ends = (f"fsc{tag}l", f"fsc{tag}n")
+    ip("link", "add", ends[0], "type", "veth", "peer", "name", ends[1])
+    try:
+        for end, pid, address in zip(ends, (superlink_pid, nodes_pid), (SUPERLINK_ADDRESS, NODES_ADDRESS), strict=True):
+            ip("link", "set", end, "netns", str(pid))
+            ip("addr", "add", f"{address}/30", "dev", end, pid=pid)
+            ip("link", "set", end, "up", pid=pid)
+        yield ends[0]
+    finally:
+        for end in ends:
+            sh(["ip", "link", "del", end], 60, check=False)
+
+
+def received_bytes(pid: int, interface: str) -> int:
+    """What ``interface`` in the network namespace of process ``pid`` has received."""
+    for line in Path(f"/proc/{pid}/net/dev").read_text().splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == interface:
+            return int(counters.split()[0])
+    raise AssertionError(f"no {interface} in the network namespace of {pid}")
+
+
+# --- Compose projects, run -------------------------------------------------------------------------
 
 
 class Project:
-    """A generated Compose project, run with one Compose program as the host user ``uid``."""
+    """A generated Compose project, run with one Compose program as the host user ``uid``, with the test's
+    override ``services`` (default: :func:`one_network_namespace`), as project ``name`` (default: its
+    ``.env``'s; a second "host" on the same engine needs another)."""
 
-    def __init__(self, directory: Path, program: list[str], uid: int) -> None:
+    def __init__(
+        self, directory: Path, program: list[str], uid: int, services: Services | None = None, name: str | None = None
+    ) -> None:
         self.dir, self.program, self.uid = directory, program, uid
         env = dict(line.split("=", 1) for line in (directory / ".env").read_text().splitlines())
-        self.name = env["COMPOSE_PROJECT_NAME"]
-        files = ["-f", "compose.yaml", "-f", one_network_namespace(directory).name]
-        self.env = {**os.environ, "FEDSIM_UID": str(uid), "FEDSIM_GID": str(uid)}  # the shell wins over .env
-        self.cmd = [*program, *files]
+        self.name = name or env["COMPOSE_PROJECT_NAME"]
+        override = {"services": services if services is not None else one_network_namespace(directory)}
+        (directory / OVERRIDE).write_text(yaml.safe_dump(override, sort_keys=False))
+        # the shell wins over .env
+        self.env = {**os.environ, "FEDSIM_UID": str(uid), "FEDSIM_GID": str(uid), "COMPOSE_PROJECT_NAME": self.name}
+        self.cmd = [*program, "-f", "compose.yaml", "-f", OVERRIDE]
         if uid != os.getuid():  # the project as that user would have written it
             for path in [directory, *directory.rglob("*")]:
                 os.chown(path, uid, uid, follow_symlinks=False)
@@ -189,6 +255,10 @@ class Project:
     def container(self, service: str) -> str:
         (cid,) = self("ps", "-q", service).stdout.split()
         return cid
+
+    def pid(self, service: str) -> int:
+        """The host pid of the service's first process (its namespaces are the container's)."""
+        return int(docker("inspect", "-f", "{{.State.Pid}}", self.container(service)).stdout)
 
     def wait(self, container: str, timeout: float) -> int:
         """The container's exit status, once it has exited."""
