@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +18,7 @@ from fedsim.cli import main
 from fedsim.config import load_config
 from fedsim.deploy.compose import compose_topology
 from fedsim.errors import ConfigError
-from tests.conftest import CIFAR_Q75, REPO
+from tests.conftest import CIFAR_Q75, MNIST_SMALL, REPO
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 CIFAR = REPO / "configs" / "cifar10_1class_fedavg.yaml"
@@ -260,9 +262,6 @@ def test_no_service_runs_a_shell(tmp_path: Path) -> None:
 
 def test_compose_file_is_one_docker_compose_1_29_accepts(tmp_path: Path) -> None:
     """Debian 12's docker-compose 1.29 rejects a top-level ``name``; the project's name is in ``.env``."""
-    import shutil
-    import subprocess
-
     project = compose(QUICKSTART, tmp_path, "--nodes", "3", "--set", "deploy.tls=true", "deploy.supernode_auth=true")
     assert set(project) == {"services"}
     checked, failed = 0, []
@@ -459,3 +458,51 @@ def test_node_memory_is_at_most_a_tebibyte(tmp_path: Path, capsys: pytest.Captur
     assert not out.exists()
     limits = compose(QUICKSTART, tmp_path / "q", "--node-memory", "1024g")["services"]["supernode-0"]["deploy"]
     assert limits["resources"]["limits"]["memory"] == "1024g"  # the bound itself is a limit
+
+
+def data_in(tmp_path: Path, directory: str) -> Path:
+    """The shipped MNIST subset in ``tmp_path/directory``: a data.root for fedsim compose to mount."""
+    (tmp_path / directory).mkdir()
+    (tmp_path / directory / "mnist_small.npz").symlink_to(MNIST_SMALL)
+    return tmp_path / directory / "mnist_small.npz"
+
+
+@pytest.mark.parametrize(
+    ("directory", "held"), [("a}b", "'}'"), ("c$d", "'$'"), ("e:f g", "':'"), ("$}", "'$' and '}'")]
+)
+def test_a_data_directory_compose_cannot_mount_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], directory: str, held: str
+) -> None:
+    """``${FEDSIM_DATA:-<directory>}:/data:ro``: a ``}`` ended the default (a/b} mounted a, then b} after it),
+    a ``:`` split the volume, and a ``$`` written ``$$`` was one ``$`` to Compose v2 but two to docker-compose 1.29."""
+    root, out = data_in(tmp_path, directory), tmp_path / "project"
+    assert main(["compose", str(QUICKSTART), "--out", str(out), "--set", f"data.root={root}"]) == 2
+    assert capsys.readouterr().err == (
+        f"fedsim: error: data.root: Compose cannot mount {str(root.parent)!r}, a path holding {held}; move or link "
+        "the data to a directory whose path has no $ or } or :\n"
+    )
+    assert not out.exists()  # refused before anything is written
+
+
+def test_a_project_directory_holding_a_colon_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # docker-compose 1.29 makes ./runs absolute, then splits the volume at every ':'
+    out = tmp_path / "a:b"
+    assert main(["compose", str(QUICKSTART), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"fedsim: error: --out: Compose cannot mount {str(out)!r}, a path holding ':'; write the project to a "
+        "directory whose path has no :\n"
+    )
+    assert not out.exists()
+
+
+def test_a_data_directory_with_spaces_quotes_and_braces_is_mounted_as_it_is(tmp_path: Path) -> None:
+    directory = "a b'c\"d{e#f"
+    root = data_in(tmp_path, directory)
+    project = compose(QUICKSTART, tmp_path / "p q", "--set", f"data.root={root}")
+    volume = f"${{FEDSIM_DATA:-{root.parent}}}:/data:ro"
+    assert all(volume in project["services"][name]["volumes"] for name in ("superlink", "supernode-0"))
+    if shutil.which("docker-compose") is not None:  # Debian 12's 1.29, which reads Compose files without an engine
+        res = subprocess.run(["docker-compose", "config"], cwd=tmp_path / "p q", capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        mounted = yaml.safe_load(res.stdout)["services"]["supernode-0"]["volumes"]
+        assert f"{root.parent}:/data:ro" in mounted, mounted

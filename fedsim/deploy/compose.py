@@ -7,7 +7,8 @@ run and follows it, or resumes it from its checkpoint with ``docker compose run 
 :mod:`fedsim.deploy.submit`). Every container runs the same fedsim image
 (``docker/Dockerfile``) as the host user who wrote the project (``.env``), so what they write to the
 bind mounts (``runs/``, ``state/``) is that user's. The data (mounted from ``$FEDSIM_DATA``, default
-the host directory holding ``data.root``; shipped ``fedsim:`` data is in the image) and the run
+the host directory holding ``data.root``, one Compose can name: :func:`check_mounts`; shipped ``fedsim:``
+data is in the image) and the run
 directory appear at the same paths in every container, so the config the ServerApp receives is
 valid on every node. The file is one that Compose v2 and docker-compose 1.29 both accept.
 
@@ -142,9 +143,27 @@ def node_resources(cfg: RunConfig, node_memory: str | None) -> dict[str, Any]:
     return resources
 
 
+def check_mounts(cfg: RunConfig, out: Path) -> None:
+    """The host directories compose.yaml mounts are ones Compose v2 and docker-compose 1.29 both read back as
+    written, else a ConfigError. The data's, in ``${FEDSIM_DATA:-<it>}:/data:ro``: ``}`` ends the default,
+    ``:`` splits the volume, and no spelling of ``$`` is one ``$`` to both inside a default (v2 interpolates a
+    default, where ``$`` is written ``$$``; 1.29 takes it as written, ``$$`` too); spaces, quotes, ``{``,
+    ``#`` or a newline are read as written (``docker-compose config``; compose-go's template code). The
+    project's own (``./runs``, ``./state``, ``./tls``): 1.29 makes them absolute, then splits them at ``:``."""
+    mounted = {"--out": (str(out.resolve()), ":", "write the project to a directory")}
+    if not (root := cfg.data.root or "").startswith(PACKAGE_PREFIX):  # shipped data is in the image
+        mounted["data.root"] = (str(Path(root).parent), "$}:", "move or link the data to a directory")
+    for option, (path, special, instead) in mounted.items():
+        if bad := sorted(set(path) & set(special)):
+            raise ConfigError(
+                f"{option}: Compose cannot mount {path!r}, a path holding {' and '.join(map(repr, bad))}; {instead} "
+                f"whose path has no {' or '.join(special)}"
+            )
+
+
 def compose_project(cfg: RunConfig, topo: Topology, node_memory: str | None = None) -> dict[str, Any]:
     root = cfg.data.root or ""
-    parent = escape_dollars(str(Path(root).parent))  # the default inside ${...} is interpolated too
+    parent = Path(root).parent  # a path check_mounts let through: Compose reads it back as written
     data = [] if root.startswith(PACKAGE_PREFIX) else [Interpolated(f"${{FEDSIM_DATA:-{parent}}}:{DATA}:ro")]
     certs = [f"./tls:{TLS}:ro"] if topo.tls is not None else []
     keys = [f"./node-keys:{KEYS}:ro"] if topo.node_keys is not None else []
@@ -218,6 +237,7 @@ def write_compose(
             f"container per client, at most {MAX_NODES:,} (one Docker network); run more clients with fedsim run"
         )
     resolve(cfg)  # the plugins and their options, as fedsim run checks them before anything is written
+    check_mounts(cfg, out)
     topo = compose_topology(cfg, superlink_host)
     check_own(out, PROJECT_KIND, "--out")
     try:
