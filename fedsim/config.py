@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from fedsim.errors import ConfigError, brief
+from fedsim.errors import ConfigError, brief, one_line
 from fedsim.names import NAME_RULE, is_name, printable
 from fedsim.ownership import unusable
 from fedsim.paths import package_path, resolve_path
@@ -389,8 +389,8 @@ class RunConfig(_Strict):
 
 
 def format_validation_error(err: ValidationError, model: type[BaseModel], prefix: str = "") -> str:
-    """One line per problem of validating ``model``, each naming its field, what it got and what is allowed (for
-    an unknown key, the valid keys of its section)."""
+    """Every problem of validating ``model`` on one line, each naming its field, what it got and what is allowed
+    (for an unknown key, the valid keys of its section)."""
     lines = []
     for e in err.errors():
         where = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
@@ -404,7 +404,7 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], prefix
             msg = f"unknown key{shown}; valid keys: {', '.join(section_keys(model, e['loc'][:-1]))}"
             shown = ""
         lines.append(f"{where or '<config>'}: {msg}{shown}{number_as_text(e)}")
-    return "\n".join(lines)
+    return one_line(lines)
 
 
 def section_keys(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:

@@ -14,6 +14,14 @@ def brief(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-2:]}"
 
 
+def one_line(problems: list[str]) -> str:
+    """Several problems found at once as the one line an error is: ``2 errors: (1) a; (2) b`` (numbered, as a
+    problem may hold a semicolon itself: ``unknown key; valid keys: ...``)."""
+    if len(problems) == 1:
+        return problems[0]
+    return f"{len(problems)} errors: " + "; ".join(f"({i}) {problem}" for i, problem in enumerate(problems, 1))
+
+
 class FedsimError(Exception):
     """Base of every error fedsim raises on purpose; the CLI prints its message, no traceback."""
 

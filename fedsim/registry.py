@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from pydantic_core import PydanticCustomError, PydanticSerializationError, to_json
 
-from fedsim.errors import ConfigError, FedsimError, RegistryError, brief
+from fedsim.errors import ConfigError, FedsimError, RegistryError, brief, one_line
 
 T = TypeVar("T")
 P = TypeVar("P", bound=BaseModel)
@@ -265,7 +265,7 @@ def validate_options(params_cls: type[P], options: Mapping[str, Any] | None, whe
             else:
                 msg = e["msg"].removeprefix("Value error, ")  # a field validator's ValueError: its text alone
                 problems.append(f"{field} = {brief(e['input'])}{owner}: {msg}{number_as_text(e)}")
-        raise ConfigError("; ".join(problems)) from err
+        raise ConfigError(one_line(problems)) from err
 
 
 def number_as_text(error: Mapping[str, Any]) -> str:

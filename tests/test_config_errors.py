@@ -239,3 +239,39 @@ def test_an_unknown_key_at_any_level_lists_the_valid_keys_of_its_section(
     path = write_config(tmp_path, small_config(tmp_path))
     code, err = run_cli(capsys, path, override)
     assert code == 2 and err.startswith(f"fedsim: error: {where}: unknown key (got 1); valid keys: {valid}\n"), err
+
+
+@pytest.mark.parametrize(
+    ("sections", "overrides", "problems"),
+    [
+        (  # the file's errors and --set's together, each with its field, value and what is allowed
+            {"train": {"rounds": 0, "lr": -1, "bogus": 3}},
+            ["eval.every=-3"],
+            [
+                "train.rounds: Input should be greater than or equal to 1 (got 0)",
+                "train.lr: Input should be greater than 0 (got -1)",
+                "train.bogus: unknown key (got 3); valid keys: rounds, num_clients, clients_per_round, local_steps",
+                "eval.every: Input should be greater than or equal to 1 (got -3)",
+            ],
+        ),
+        (  # a plugin's options, checked once the sections are valid
+            {"strategy": {"name": "fedyogi", "eta": -1, "beta_1": 3}},
+            ["strategy.v0=x"],
+            [
+                "strategy.eta = -1 for strategy 'fedyogi': Input should be greater than 0",
+                "strategy.beta_1 = 3 for strategy 'fedyogi': Input should be less than 1",
+                "strategy.v0 = 'x' for strategy 'fedyogi': Input should be 'tau^2' or a finite number greater than",
+            ],
+        ),
+    ],
+    ids=["sections", "plugin-options"],
+)
+def test_several_errors_are_one_line_naming_every_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sections: dict, overrides: list[str], problems: list[str]
+) -> None:
+    """Every problem at once, numbered (a problem may hold a semicolon of its own), on the one line an error is:
+    pydantic's errors were a line each."""
+    code, err = run_cli(capsys, write_config(tmp_path, small_config(tmp_path, **sections)), *overrides)
+    assert code == 2 and err.startswith(f"fedsim: error: {len(problems)} errors: (1) ") and err.count("\n") == 1, err
+    for number, problem in enumerate(problems, 1):
+        assert f"({number}) {problem}" in err, err
