@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
@@ -83,7 +84,10 @@ class RoundLoop:
                 f"round {server_round}, training: no client sent a usable reply, so there is nothing to "
                 "aggregate (the reasons are above)"
             )
-        new, metrics = self.strategy.aggregate_train(server_round, replies)
+        # a server step that overflows (FedYogi's Δ², η·m/√v) is a divergence, said in the run's one error line
+        # below: numpy's RuntimeWarnings about it printed lines of their own before that line
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            new, metrics = self.strategy.aggregate_train(server_round, replies)
         if problems := divergence(replies, new, self.cfg.train.max_loss):
             raise TrainingError(f"training diverged in round {server_round}: " + "; ".join(problems))
         loss = float(metrics[wire.TRAIN_LOSS]) if metrics is not None and wire.TRAIN_LOSS in metrics else None
@@ -134,7 +138,7 @@ class RoundLoop:
             why = "; ".join(f"client {p}: {reason}" for p, reason in sorted(missing.items()))
             if self.cfg.train.on_client_failure == "fail":
                 raise TrainingError(
-                    f"round {server_round}, {what}: {why}\n(train.on_client_failure: skip goes on without them)"
+                    f"round {server_round}, {what}: {why} (train.on_client_failure: skip goes on without them)"
                 )
             self.reporter.left_out(server_round, sorted(missing))
         return good_replies(replies)
@@ -207,7 +211,7 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
         with _flower_logs_quiet():
             arrays = loop.run(arrays, done + 1)
     except TrainingError as err:  # diverged or clients failed: say what is kept on disk
-        raise TrainingError(f"{err}\n{checkpoints.describe()}") from err
+        raise TrainingError(f"{err}; {checkpoints.describe()}") from err  # one line, as every error is
     finally:
         reporter.progress.stop()
     summary = reporter.summary(done)
