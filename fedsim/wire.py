@@ -57,6 +57,7 @@ SCAFFOLD_C = "scaffold.c"  # server -> client: the server control variate c
 SCAFFOLD_DELTA_C = "scaffold.delta-c"  # client -> server: Δc_i = c_i⁺ − c_i
 SCAFFOLD_C_I = "scaffold.c-i"  # Context.state: the client control variate c_i
 FEDBN_LOCAL = "fedbn.local"  # Context.state: the client's own normalisation tensors
+PACKED = "fedsim.packed"  # ConfigRecord, only between processes: the layout of packed ArrayRecords (fedsim.packing)
 STATE_SEP = "/"  # server_state() keys are "<slot>/<tensor name>", e.g. "v_t/fc.weight"
 
 
@@ -107,6 +108,7 @@ PROTOCOL: tuple[Key, ...] = (
     Key(LOAD_STATE, "server → client", CONFIG, STATE_DIR, "str", "the default state directory"),
     Key(LOAD_STATE, "server → client", CONFIG, RUN_KEY, "str", "this run's subdirectory"),
     Key(LOAD_STATE, "client → server", METRICS, PARTITION_ID, "int", "who loaded"),
+    Key("any", "both ways", PACKED, "<record name>", "str", "under a SuperLink: that ArrayRecord packed (JSON layout)"),
 )
 
 
@@ -128,7 +130,9 @@ messages to the clients it sampled, and on evaluation rounds `{EVALUATE}` messag
 Checkpoints send `{SAVE_STATE}`; a resumed run sends `{LOAD_STATE}` before its first round. A client
 whose reply lacks a key below is reported by node and key; a ClientApp that has no `{QUERY_PARTITION}`
 handler (a stock Flower ClientApp) is refused before round 1. Strategy records (FedProx, SCAFFOLD)
-travel only under those strategies.
+travel only under those strategies. Between the processes of a deployment each ArrayRecord of several
+tensors travels packed into one Array, its layout in the ConfigRecord `{PACKED}` (`fedsim/packing.py`:
+fewer objects for Flower to move one request at a time); both sides see the records unpacked.
 
 | message | direction | record | key | type | meaning |
 |---|---|---|---|---|---|

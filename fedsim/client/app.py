@@ -12,8 +12,9 @@ from flwr.clientapp import ClientApp
 from fedsim import wire
 from fedsim.client.runtime import runtime_for
 from fedsim.client.state import state_query
+from fedsim.packing import packed_transport
 
-app = ClientApp()
+app = ClientApp(mods=[packed_transport])
 
 
 @app.train()

@@ -49,7 +49,8 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    if isinstance(grid, HttpGrid):  # under a SuperLink: replies' objects retried after 1 s, not 20 ms
+    under_superlink = isinstance(grid, HttpGrid)
+    if under_superlink:  # replies' objects retried after 1 s, not 20 ms
         flower_waits.shorten_object_pulls()
     cfg = config_from_context(context)
     resume = bool(context.run_config.get(wire.RESUME, False))  # fedsim deploy --resume
@@ -58,9 +59,10 @@ def main(grid: Grid, context: Context) -> None:
         try:
             if resume:  # a finished run, or one with no checkpoint: one line, as fedsim run --resume says it
                 resume_config(cfg.output.run_dir)
-            # no 3 s sleeps between a SuperLink's pulls; and nobody sees a ServerApp's console under one: the
-            # launcher (fedsim deploy) or fedsim submit shows the run from its directory
-            run_server(PromptGrid(grid), resolve(cfg), resume, show=False if isinstance(grid, HttpGrid) else None)
+            # no 3 s sleeps between a SuperLink's pulls, Messages packed for the way; and nobody sees a
+            # ServerApp's console under a SuperLink: the launcher (fedsim deploy) or fedsim submit shows the run
+            grid = PromptGrid(grid, packed=under_superlink)
+            run_server(grid, resolve(cfg), resume, show=False if under_superlink else None)
         except Exception as err:  # under a SuperLink nobody sees this process's traceback: leave the reason
             message = str(err) if isinstance(err, FedsimError) else f"{type(err).__name__}: {err}"
             RunDir(cfg.output.run_dir).write_error(message)
