@@ -54,6 +54,9 @@ MAX_NODES = 1000
 # 99999999999999999999g overflowed the int64 byte count Docker reads it into (a file Compose refuses at `up`)
 _MEMORY = re.compile(r"([1-9][0-9]*(?:\.[0-9]+)?)([bkmg]?)", re.IGNORECASE)
 MAX_NODE_MEMORY = 1024**4
+# a SuperNode's warm ClientApp process alone holds torch, Flower and fedsim (about 750 MB resident before any
+# data or model): a smaller limit gets the node killed on its first Message (Docker itself refuses under 6 MB)
+MIN_NODE_MEMORY = 1024**3
 
 
 def compose_topology(cfg: RunConfig, superlink_host: str) -> Topology:
@@ -119,13 +122,18 @@ def _service(command: list[str], volumes: list[str], **extra: Any) -> dict[str, 
 
 
 def check_node_memory(memory: str) -> str:
-    """``memory`` if it is Docker's memory form and at most :data:`MAX_NODE_MEMORY`, else a ConfigError."""
+    """``memory`` if it is Docker's memory form from :data:`MIN_NODE_MEMORY` to :data:`MAX_NODE_MEMORY`,
+    else a ConfigError."""
     match = _MEMORY.fullmatch(memory)
     if match is None:
-        raise ConfigError(f"--node-memory {memory!r}: give Docker's memory form, e.g. 4g, 512m")
+        raise ConfigError(f"--node-memory {memory!r}: give Docker's memory form, e.g. 4g, 1536m")
     number, unit = match.groups()
-    if float(number) * 1024 ** "bkmg".index(unit.lower() or "b") > MAX_NODE_MEMORY:
-        raise ConfigError(f"--node-memory {memory!r}: at most 1024g (1 TiB) per SuperNode, e.g. 4g, 512m")
+    size = float(number) * 1024 ** "bkmg".index(unit.lower() or "b")
+    if not MIN_NODE_MEMORY <= size <= MAX_NODE_MEMORY:
+        raise ConfigError(
+            f"--node-memory {memory!r}: from 1g (a SuperNode's warm ClientApp process alone holds torch, Flower "
+            "and fedsim, about 750 MB) to 1024g (1 TiB) per SuperNode, e.g. 4g, 1536m"
+        )
     return memory
 
 
