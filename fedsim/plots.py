@@ -270,7 +270,7 @@ def plot_local(continuations: list[Path], path: Path) -> None:
     several_runs = len({local.parent for local in continuations}) > 1
     for local in continuations:
         request = read_request(local)
-        lines = read_metrics(local, index="step")
+        lines = read_metrics(local, index="step", last=request["steps"])
         label = f"client {request['client']} (classes {request['classes']})"
         label += "".join(f", {o}" for o in request.get("overrides", []))
         label = f"{local.parent.name}: {label}" if several_runs else label

@@ -13,6 +13,7 @@ file is a :class:`~fedsim.errors.ConfigError`, a dataset a :class:`~fedsim.error
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from collections.abc import Iterator
@@ -116,13 +117,28 @@ def schema_problem(err: ValidationError) -> str:
     return f"{where}: {first['msg']}{got}{more}"
 
 
-def _validated(data: bytes, schema: type[BaseModel], where: str, error: type[FedsimError]) -> Any:
+def _unique_keys(pairs: list[tuple[str, Any]]) -> None:
+    """``json.loads``' ``object_pairs_hook``: a key given twice is an error (the last would silently win, and
+    fedsim never writes one twice; its YAML reader refuses them too)."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ValueError(f"{key}: given twice in one object")
+        seen.add(key)
+
+
+def _validated(
+    data: bytes, schema: type[BaseModel], where: str, error: type[FedsimError], context: dict[str, Any] | None = None
+) -> Any:
     """``data`` as JSON, once ``schema`` accepts it: the value as written (key order kept), never a coerced
-    copy. pydantic's parser refuses NaN / inf and nesting beyond 200 levels (json.loads: a RecursionError).
-    ``where``: the file (and line) for the error."""
+    copy. pydantic's parser refuses NaN / inf and nesting beyond 200 levels (json.loads: a RecursionError),
+    but keeps the last of a duplicate key, which ``json.loads`` then finds (on nesting pydantic bounded).
+    ``context``: what the schema's validators check against (a run's length). ``where``: the file (and line)
+    for the error."""
     try:
         value = pydantic_core.from_json(data, allow_inf_nan=False)
-        schema.model_validate(value)
+        json.loads(data, object_pairs_hook=_unique_keys)
+        schema.model_validate(value, context=context)
     except ValidationError as err:  # before ValueError, its base
         raise error(f"{where}: not readable as the JSON fedsim writes ({schema_problem(err)})") from err
     except ValueError as err:
@@ -141,17 +157,18 @@ def read_json(
 
 def read_json_lines(
     path: str | Path, schema: type[BaseModel], what: str, limit: int = METRICS_BYTES,
-    error: type[FedsimError] = FedsimError, increasing: str | None = None,
+    error: type[FedsimError] = FedsimError, increasing: str | None = None, context: dict[str, Any] | None = None,
 ) -> list[Any]:  # fmt: skip
     """A JSON Lines file fedsim wrote (blank lines skipped), every line as :func:`read_json` reads a file;
     ``increasing``: the field (the schema's, an int) that grows from each line to the next, as fedsim writes
-    them (a line repeated or out of order would be drawn and tabulated twice)."""
+    them (a line repeated or out of order would be drawn and tabulated twice); ``context``: what the schema's
+    validators check each line against."""
     values: list[Any] = []
     for number, line in enumerate(read_bytes(path, what, limit, error).splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{what} {path}, line {number}"
-        value = _validated(line, schema, where, error)
+        value = _validated(line, schema, where, error, context)
         if increasing and values and value[increasing] <= values[-1][increasing]:
             raise error(
                 f"{where}: not readable as the JSON fedsim writes ({increasing}: {value[increasing]} after "

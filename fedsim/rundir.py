@@ -36,7 +36,7 @@ from typing import Annotated, Any
 import numpy as np
 import torch
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from fedsim.config import RunConfig, read_yaml
@@ -311,14 +311,39 @@ class MetricsRecord(Written):
     feature_erank: float | None = None
     feature_norm_mean: float | None = None
     feature_sv: list[float | None] | None = None
+    time_s: float | None = Field(None, ge=0)  # time since the run started
+    rss_mb: float | None = Field(None, ge=0)
+    client_acc: list[Annotated[float, Field(ge=0, le=1)] | None] | None = None
+
+
+def _within(index: str, value: int, info: ValidationInfo) -> int:
+    """``value`` of the ``index`` field, once it is at most ``info.context["last"]`` (the run's rounds, a
+    continuation's steps): a line beyond it is one the run could not have written."""
+    last = (info.context or {}).get("last")
+    if last is not None and value > last:
+        raise PydanticCustomError(
+            "beyond_the_run", "{index} {value} is beyond the run's {last} {index}s",
+            {"index": index, "value": value, "last": last},
+        )  # fmt: skip
+    return value
 
 
 class RoundRecord(MetricsRecord):
     round: int = Field(ge=1)
 
+    @field_validator("round")
+    @classmethod
+    def _within_rounds(cls, value: int, info: ValidationInfo) -> int:
+        return _within("round", value, info)
+
 
 class StepRecord(MetricsRecord):
     step: int = Field(ge=0)
+
+    @field_validator("step")
+    @classmethod
+    def _within_steps(cls, value: int, info: ValidationInfo) -> int:
+        return _within("step", value, info)
 
 
 class Progress(Written):
@@ -339,13 +364,15 @@ class Summary(Written):
     final_global_acc: float | None = Field(ge=0, le=1)
 
 
-def read_metrics(run_dir: str | Path, index: str = "round") -> list[dict[str, Any]]:
+def read_metrics(run_dir: str | Path, index: str = "round", last: int | None = None) -> list[dict[str, Any]]:
     """Every line of ``metrics.jsonl`` so far (none before the first evaluation); each names its ``index``
-    (``round`` in a run, ``step`` in a ``fedsim local`` continuation), strictly increasing line by line."""
+    (``round`` in a run, ``step`` in a ``fedsim local`` continuation), strictly increasing line by line, and
+    at most ``last`` (the run's ``train.rounds``, the continuation's steps) where that is known."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return read_json_lines(path, RoundRecord if index == "round" else StepRecord, "metrics", increasing=index)
+    schema = RoundRecord if index == "round" else StepRecord
+    return read_json_lines(path, schema, "metrics", increasing=index, context={"last": last})
 
 
 def metrics_so_far(run_dir: Path) -> str:
@@ -405,12 +432,17 @@ def read_run(path: str | Path) -> dict[str, Any]:
     if not isinstance(config or {}, dict):
         raise FedsimError(f"{config_path}: not a mapping of sections, as fedsim writes it")
     summary = read_summary(path) if summary_path.exists() else None
-    return {"dir": path, "config": flatten(config or {}), "summary": summary, "metrics": read_metrics(path)}
+    config = flatten(config or {})
+    rounds = summary["rounds"] if summary is not None else config.get("train.rounds")
+    # a config.yaml edited to text: the bound is unknown, the line still checked otherwise
+    last = rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None
+    return {"dir": path, "config": config, "summary": summary, "metrics": read_metrics(path, last=last)}
 
 
 # Config keys that do not change what a run learns: reports, sweeps and resume ignore them
 NOT_LEARNING = ("name", "output.", "simulation.", "diagnostics.", "deploy.")
 _IGNORED = ("seed", *NOT_LEARNING)  # reports also average over seeds
+_NOT_LEARNING_NAMES = [key.rstrip(".") for key in NOT_LEARNING]
 
 
 def varying_keys(runs: list[dict[str, Any]]) -> list[str]:
@@ -446,12 +478,24 @@ def short_keys(keys: list[str], taken: tuple[str, ...] = ()) -> list[str]:
 def seed_groups(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Runs grouped by the config values they differ in (:func:`varying_keys`), seeds pooled: the rows of
     ``fedsim report`` and the bands of ``fedsim plot --mean-over-seeds``. Keyed by a label naming those
-    values (``strategy=fedavg, norm=ln``; a key a run does not set is left out), in the runs' order."""
+    values (``strategy=fedavg, norm=ln``; a key a run does not set is left out), in the runs' order.
+
+    A group's runs have distinct seeds: two runs of one config and seed (a copied run directory, a run made
+    twice) are one sample, and counted as two they would make the seed count and the std a lie, so they are
+    an error naming both directories."""
     keys = varying_keys(runs)
     groups: dict[str, list[dict[str, Any]]] = {}
+    seeds: dict[tuple[str, str], dict[str, Any]] = {}
     for run in runs:
         values = [(label, run["config"].get(k)) for label, k in zip(short_keys(keys), keys, strict=True)]
         label = ", ".join(f"{k}={v}" for k, v in values if v is not None) or "runs"
+        seed = run["config"].get("seed")
+        first = seeds.setdefault((label, json.dumps(seed)), run)
+        if first is not run:
+            raise FedsimError(
+                f"{first['dir']} and {run['dir']} are both seed {seed} of one config ({', '.join(_NOT_LEARNING_NAMES)} "
+                "aside): runs are averaged over distinct seeds; move one of them out of the directories given"
+            )
         groups.setdefault(label, []).append(run)
     return groups
 

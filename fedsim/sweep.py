@@ -18,10 +18,11 @@ A sweep file::
     parallel: 1                              # runs at once (separate processes)
     ray: {address: auto, cpus_per_run: 2}    # optional: runs as Ray tasks, here or on a cluster
 
-Each run lands in ``<output>/<sweep name>/<cell name>/``. A run whose ``summary.json`` exists is
-skipped, so an interrupted sweep resumes where it stopped; one that finished with other settings
-(say a short ``--set train.rounds=20`` run where the full budget now goes) is an error, never
-silently taken for the cell.
+Each run lands in ``<output>/<sweep name>/<cell name>/``: a ``name``, ``output.run_dir`` or ``output.dir``
+given for a cell (:data:`SWEEP_OWNED`) is refused, as are two cells whose names collide. A run whose
+``summary.json`` exists is skipped, so an interrupted sweep resumes where it stopped; one that finished
+with other settings (say a short ``--set train.rounds=20`` run where the full budget now goes) is an
+error, never silently taken for the cell.
 
 Bad cells: every cell's config is validated before the first run starts, and each distinct dataset
 read once (not on a Ray cluster, whose nodes hold their own); if any cell is invalid the sweep runs
@@ -153,6 +154,18 @@ class SweepFile(_SweepSection):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _not_what_the_sweep_sets(self) -> SweepFile:
+        """A cell's name and directory are the sweep's (``<output>/<name>/<cell name>``): a value for them in
+        ``set`` or a cell was silently replaced."""
+        given = [("set", k, v) for k, v in self.set.items()] + [("grid", k, None) for k in self.grid]
+        given += [("cells", k, v) for cell in self.cells for k, v in cell.items()]
+        given += [(f"axes.{name}", k, v) for name, combos in self.axes.items() for c in combos for k, v in c.items()]
+        for source, key, value in given:
+            if (owned := sweep_owned(key, value)) is not None:
+                raise ValueError(f"{source} sets {owned}: {OWNED_WHY}")
+        return self
+
     def size(self) -> int:
         """The number of cells, counted without expanding them."""
         return math.prod(map(len, [self.cells or [{}], *self.axes.values(), *self.grid.values()]))
@@ -161,6 +174,26 @@ class SweepFile(_SweepSection):
         """Every key the grid, the cells or the axes set, in order."""
         axes = (k for combos in self.axes.values() for c in combos for k in c)
         return list(dict.fromkeys([*self.grid, *(k for cell in self.cells for k in cell), *axes]))
+
+
+# what the sweep sets in each cell's config itself, and why a value given for it is refused
+SWEEP_OWNED = ("name", "output.run_dir", "output.dir")
+OWNED_WHY = (
+    "each cell's name and directory are the sweep's (<output>/<sweep name>/<cell name>); set the sweep file's "
+    "name and output (or fedsim sweep --output) instead"
+)
+
+
+def sweep_owned(key: str, value: Any = None) -> str | None:
+    """The key of :data:`SWEEP_OWNED` that setting ``key`` to ``value`` sets (``output: {run_dir: x}`` sets
+    ``output.run_dir``), else None."""
+    for owned in SWEEP_OWNED:
+        if key == owned:
+            return owned
+        section, _, rest = owned.partition(".")
+        if key == section and isinstance(value, dict) and rest in value:
+            return owned
+    return None
 
 
 def _override(key: str, value: Any) -> str:
@@ -218,6 +251,8 @@ def _check_overrides(overrides: Sequence[str], sweep: SweepFile) -> None:
         key, sep, _ = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: expected key.path=value, e.g. train.rounds=20")
+        if (owned := sweep_owned(key.strip())) is not None:
+            raise ConfigError(f"--set {item}: sets {owned}: {OWNED_WHY}")
         hit = next((v for v in varied if _overlaps(key.strip(), v)), None)
         if hit is not None:
             raise ConfigError(
@@ -258,8 +293,10 @@ def plan(
         raise ConfigError(f"sweep file {path}: its name {brief(name)} is not a directory name: set name: in the file")
     out = Path(output if output is not None else sweep.output) / name
     fixed = [*(_override(k, v) for k, v in sweep.set.items()), *overrides]
+    cells = expand(sweep)
+    _check_names(cells, path)
     runs, bad = [], {}
-    for cell in expand(sweep):
+    for cell in cells:
         cname = cell_name(cell)
         try:
             cfg = load_config(base, [*fixed, *(_override(k, v) for k, v in cell.items())])
@@ -273,10 +310,28 @@ def plan(
         cfg.output.progress = False
         runs.append((cname, cfg))
     refuse_bad_cells(bad, size)
-    names = [n for n, _ in runs]
-    if len(set(names)) != len(names):
-        raise ConfigError("two sweep cells have the same overrides: remove the duplicate")
     return out, runs
+
+
+def _check_names(cells: list[dict[str, Any]], path: Path) -> None:
+    """Each cell has a directory of its own: two cells of the same overrides are one, and two whose overrides
+    differ only in what a directory name cannot hold (``a/b`` and ``a_b``) would share one."""
+    seen: dict[str, dict[str, Any]] = {}
+    for cell in cells:
+        other = seen.setdefault(cell_name(cell), cell)
+        if other is cell:
+            continue
+        if other == cell:
+            raise ConfigError(
+                f"sweep file {path}: two cells have the same overrides ({cell_name(cell)}): remove the duplicate"
+            )
+        show = ", ".join
+        raise ConfigError(
+            f"sweep file {path}: cells {{{show(_override(k, v) for k, v in other.items())}}} and "
+            f"{{{show(_override(k, v) for k, v in cell.items())}}} differ, but their directory names collide "
+            f"({cell_name(cell)}: a cell's directory is named after its overrides, made a directory name): give "
+            "values that stay apart as names"
+        )
 
 
 def refuse_bad_cells(bad: dict[str, str], size: int, shown: int = 5) -> None:

@@ -86,6 +86,60 @@ def test_npz_rejects_float_images(tmp_path: Path) -> None:
         load_dataset("npz", tmp_path / "f.npz")
 
 
+@pytest.mark.parametrize(
+    ("key", "shape"),
+    [("x_train", (6, 3, 5, 5)), ("x_train", (6, 1, 28, 28)), ("x_test", (3, 4, 5, 5)), ("x_test", (3, 3, 32, 32))],
+)
+def test_npz_channels_first_is_refused_naming_the_array_and_the_layout(
+    tmp_path: Path, key: str, shape: tuple[int, ...]
+) -> None:
+    """(N, 3, 32, 32) read as 3-pixel-high images of 32 channels: an mlp trained on it in silence, a cnn said the
+    images were too small. The array, its shape and the layout fedsim reads are named."""
+    other = {"x_train": (6, 5, 5, 3), "x_test": (3, 5, 5, 3)}
+    other[key] = shape
+    write_npz(tmp_path / "nchw.npz", **{k: np.zeros(v, np.uint8) for k, v in other.items()})
+    with pytest.raises(DataError) as err:
+        load_dataset("npz", tmp_path / "nchw.npz")
+    message = str(err.value)
+    assert f"{key}: shape {shape} looks channels-first (N, C, H, W); fedsim reads images as (N, H, W) or " in message
+    assert f"store them as np.moveaxis(x, 1, -1), shape {(shape[0], *shape[2:], shape[1])}" in message
+
+
+@pytest.mark.parametrize("shape", [(5, 4), (5, 4, 1), (3, 3, 3), (5, 4, 4), (5, 5, 2), (1, 3, 3), (1, 28, 1)])
+def test_npz_every_channels_last_layout_still_reads(tmp_path: Path, shape: tuple[int, ...]) -> None:
+    """Grayscale (N, H, W), and (N, H, W, C) whatever H is when C is a channel count (or H is none)."""
+    write_npz(tmp_path / "nhwc.npz", x_train=np.zeros((6, *shape), np.uint8), x_test=np.zeros((3, *shape), np.uint8))
+    ds = load_dataset("npz", tmp_path / "nhwc.npz")
+    assert ds.in_shape == ((1, *shape) if len(shape) == 2 else (shape[2], shape[0], shape[1]))
+
+
+def test_npz_big_endian_arrays_read_as_their_values(tmp_path: Path) -> None:
+    """Labels stored big-endian ('>i8', as another machine may write them) were refused with torch's message,
+    which named no array; they are the same integers in native byte order."""
+    a = write_npz(tmp_path / "be.npz", y_train=np.array([0, 1, 2, 0, 1, 2], ">i8"), y_test=np.array([2, 1, 0], ">u2"))
+    ds = load_dataset("npz", tmp_path / "be.npz")
+    assert ds.y_train.tolist() == a["y_train"].tolist() and ds.y_test.tolist() == [2, 1, 0]
+    write_npz(tmp_path / "bef.npz", x_train=np.zeros((6, 5, 4), ">f4"))
+    with pytest.raises(DataError, match="x_train: images must be uint8"):
+        load_dataset("npz", tmp_path / "bef.npz")
+
+
+@pytest.mark.parametrize("name", ["a\nb", "tab\there", "esc\x1b[31m", "line\u2028sep"])
+def test_class_names_with_a_control_character_are_refused(tmp_path: Path, name: str) -> None:
+    """A class folder named 'a<newline>b' was accepted and broke partition.csv's header and the plot's labels;
+    an npz's classes the same. Refused in one line quoting the name."""
+    name = name.encode().decode("unicode_escape")
+    files = {f"{split}/{cls}/{i}.png": png_bytes((i, 0, 0)) for split in ("train", "test") for cls in (name, "b")
+             for i in range(2)}  # fmt: skip
+    for root in (write_dir(tmp_path / "tree", files), write_tar(tmp_path / "tree.tar", files, "w")):
+        with pytest.raises(DataError) as err:
+            load_dataset("imagefolder", root, cache_dir=tmp_path / "cache")
+        assert f"the class name {name!r} (a folder's name" in str(err.value) and "\n" not in str(err.value)
+    write_npz(tmp_path / "c.npz", classes=np.array([name, "b", "c"]))
+    with pytest.raises(DataError, match="holds the control character"):
+        load_dataset("npz", tmp_path / "c.npz")
+
+
 def test_unknown_dataset_lists_the_valid_names() -> None:
     with pytest.raises(ConfigError, match=r"^data\.dataset\.name: unknown datasets 'no_such_set'.*imagefolder"):
         load_dataset("no_such_set", ".")

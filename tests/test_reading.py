@@ -122,8 +122,8 @@ def finished_run(root: Path) -> Path:
     run_dir = root / "r"
     run_dir.mkdir(parents=True)
     (run_dir / ".fedsim").write_text("run\n")
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({"name": "r", "seed": 0, "train": {"rounds": 2}}))
-    summary = {"rounds": 2, "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.6, "final_global_acc": 0.55}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"name": "r", "seed": 0, "train": {"rounds": 4}}))
+    summary = {"rounds": 4, "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.6, "final_global_acc": 0.55}
     (run_dir / "summary.json").write_text(json.dumps(summary))
     (run_dir / "metrics.jsonl").write_text(
         '{"round": 1, "client_mean_acc": 0.6}\n{"round": 2, "client_mean_acc": 0.5}\n'
@@ -147,6 +147,7 @@ def finished_run(root: Path) -> Path:
         ),
         ("[" * 300 + "]" * 300, "recursion limit exceeded at line 1 column 202"),
         ('{"rounds": 2', "EOF while parsing an object at line 1 column 12"),
+        ('{"rounds": 2, "rounds": 3}', "rounds: given twice in one object"),  # the last won
     ],
 )  # fmt: skip
 def test_report_on_a_summary_fedsim_did_not_write_names_the_file_and_the_field(
@@ -184,10 +185,19 @@ NOT_A_METRIC = "a metric is a number or null, or a list or mapping of them"
     [
         ('{"round": 3, "train_loss": "x"}', f"train_loss: {NOT_A_METRIC} (got 'x')"),
         ('{"round": 3, "train_loss": true}', f"train_loss: {NOT_A_METRIC} (got True)"),
-        ('{"round": 3, "client_acc": [0.5, "x"]}', f"client_acc: {NOT_A_METRIC} (got [0.5, 'x'])"),
+        ('{"round": 3, "client_acc": [0.5, "x"]}', "client_acc.1: Input should be a valid number (got 'x')"),
         ('{"round": 3, "client_mean_acc": 0.4}', "round: 3 after round 3; each line's round is larger than the last's"),
         ('{"round": 1, "client_mean_acc": 0.4}', "round: 1 after round 3; each line's round is larger than the last's"),
         ('{"round": 0, "client_mean_acc": 0.4}', "round: Input should be greater than or equal to 1 (got 0)"),
+        # lines the run could not have written: the report printed "rounds to 50%" 99999999999999991611392
+        ('{"round": 99999999999999999999999, "client_mean_acc": 0.5}',
+         "round: round 99999999999999999999999 is beyond the run's 4 rounds"),
+        ('{"round": 5, "client_mean_acc": 0.5}', "round: round 5 is beyond the run's 4 rounds (got 5)"),
+        ('{"round": 4, "time_s": -5}', "time_s: Input should be greater than or equal to 0 (got -5)"),
+        ('{"round": 4, "rss_mb": -1.5}', "rss_mb: Input should be greater than or equal to 0 (got -1.5)"),
+        ('{"round": 4, "client_acc": [0.5, 1.5]}', "client_acc.1: Input should be less than or equal to 1 (got 1.5)"),
+        ('{"round": 4, "round": 3}', "round: given twice in one object"),  # the last won
+        ('{"round": 4, "failed_clients": {"2": [1], "2": [3]}}', "2: given twice in one object"),
     ],
 )  # fmt: skip
 def test_every_reader_of_metrics_refuses_a_line_fedsim_would_not_write(
@@ -211,6 +221,52 @@ def test_every_reader_of_metrics_refuses_a_line_fedsim_would_not_write(
     with pytest.raises(FedsimError, match="line 4: not readable"):
         _ = Run(run_dir).metrics
     assert not [p for p in tmp_path.rglob("*") if p.suffix in (".md", ".csv", ".png", ".pdf")]
+
+
+def test_a_local_continuations_step_beyond_its_steps_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """fedsim local's metrics end at its --steps (local.json): a step beyond it is no line it wrote."""
+    local = tmp_path / "local-0"
+    local.mkdir()
+    request = {"run_dir": "r", "client": 0, "steps": 40, "every": 10, "classes": [0], "lr": 0.1, "momentum": 0.0,
+               "weight_decay": 0.0, "batch_size": 4, "augment": False}  # fmt: skip
+    (local / "local.json").write_text(json.dumps(request))
+    line = '{"step": %d, "own_class_acc": 0.5, "other_class_acc": 0.1}\n'
+    (local / "metrics.jsonl").write_text(line % 0 + line % 50)
+    assert one_line(["plot", str(tmp_path), "--out", str(tmp_path / "plots")], capsys) == (
+        f"metrics {local / 'metrics.jsonl'}, line 2: not readable as the JSON fedsim writes "
+        "(step: step 50 is beyond the run's 40 steps (got 50))"
+    )
+
+
+def test_runs_of_one_config_and_seed_are_refused_not_counted_as_seeds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A copied run directory, or a seed run twice, is one sample: the report read "seeds 2, 12.28 ± 0.00" for
+    two copies, and "seeds 5" for four seed-0 runs and a seed-1000 one. Report and plot's mean over seeds refuse
+    it, naming both directories; distinct seeds are counted."""
+    import csv
+    import shutil
+
+    run_dir = finished_run(tmp_path / "runs")
+    other_seed = run_dir.with_name("seed1")
+    shutil.copytree(run_dir, other_seed)
+    (other_seed / "config.yaml").write_text(yaml.safe_dump({"name": "r", "seed": 1, "train": {"rounds": 4}}))
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
+    assert [row["seeds"] for row in csv.DictReader(open(tmp_path / "rep" / "results.csv"))] == ["2"]
+    copy = run_dir.with_name("r-copy")
+    shutil.copytree(run_dir, copy)
+    (copy / "config.yaml").write_text(yaml.safe_dump({"name": "r", "seed": 0, "train": {"rounds": 4},
+                                                      "simulation": {"threads": 3}}))  # fmt: skip
+    expected = (
+        f"{run_dir} and {copy} are both seed 0 of one config (name, output, simulation, diagnostics, deploy aside): "
+        "runs are averaged over distinct seeds; move one of them out of the directories given"
+    )
+    assert one_line(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep2")], capsys) == expected
+    argv = ["plot", str(tmp_path / "runs"), "--mean-over-seeds", "--out", str(tmp_path / "plots")]
+    assert one_line(argv, capsys) == expected
+    assert not (tmp_path / "rep2" / "results.md").exists()
 
 
 def test_report_into_a_directory_it_cannot_write_is_one_line(

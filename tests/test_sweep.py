@@ -43,6 +43,31 @@ def test_bad_grid_fails_before_any_run(tmp_path: Path, capsys: pytest.CaptureFix
     assert not (tmp_path / "sweeps").exists()
 
 
+@pytest.mark.parametrize(
+    ("grid", "extra", "argv", "fragment"),
+    [
+        ({"seed": [0, 0]}, {}, [], "two cells have the same overrides (seed=0): remove the duplicate"),
+        # the overrides differ; only the directory names made of them collide (it said "the same overrides")
+        ({"data.cache_dir": ["a/b", "a_b"]}, {}, [],
+         "cells {data.cache_dir=a/b} and {data.cache_dir=a_b} differ, but their directory names collide "
+         "(cache_dir=a_b: "),
+        # each cell went to <sweep>/<cell> whatever these said
+        ({"seed": [0]}, {"set": {"output.run_dir": "x"}}, [], "set sets output.run_dir: each cell's name and "),
+        ({"seed": [0]}, {"set": {"output": {"run_dir": "x"}}}, [], "set sets output.run_dir: "),
+        ({"seed": [0]}, {"cells": [{"name": "mine"}]}, [], "cells sets name: "),
+        ({"seed": [0]}, {}, ["--set", "output.dir=x"], "--set output.dir=x: sets output.dir: each cell's name "),
+    ],
+)  # fmt: skip
+def test_cells_that_would_share_or_ignore_a_directory_are_refused(  # type: ignore[no-untyped-def]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], grid, extra, argv, fragment
+) -> None:
+    path = make_sweep(tmp_path, grid, **extra)
+    assert main(["sweep", str(path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "sweeps").exists()
+
+
 def test_sweep_runs_grid_skips_finished_and_reports(tmp_path: Path) -> None:
     path = make_sweep(tmp_path, {"model.norm": ["ln", "none"], "seed": [0, 1]})
     out = run_sweep(path, log=lambda _: None)

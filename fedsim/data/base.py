@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from fedsim.errors import DataError, FedsimError
+from fedsim.names import control_character
 from fedsim.paths import package_path
 from fedsim.registry import PluginParams, Registry
 
@@ -86,6 +87,7 @@ class ArrayDataset:
                     f"but there are {len(self.classes)} classes"
                 )
         self._check_domains()
+        self._check_names()
         if self.x_train.shape[1:] != self.x_test.shape[1:]:
             raise DataError(
                 f"dataset {self.name!r}: train images are {tuple(self.x_train.shape[1:])} "
@@ -106,6 +108,18 @@ class ArrayDataset:
                 raise DataError(
                     f"dataset {self.name!r}: d_{split} must be int64 of shape ({len(x)},) in 0..{num_domains - 1}, "
                     f"got {d.dtype} of shape {tuple(d.shape)}"
+                )
+
+    def _check_names(self) -> None:
+        """Class and domain names (an imagefolder's class folders, an npz's ``classes``) without a control
+        character: partition.csv's header and the plots' labels write them on one line, which a newline broke."""
+        for kind, names in (("class", self.classes), ("domain", self.domains or [])):
+            if (hit := control_character(list(names))) is not None:
+                name, char = hit
+                raise DataError(
+                    f"dataset {self.name!r}: the {kind} name {name!r} (a folder's name, or an entry of an npz's "
+                    f"classes) holds the control character {char!r}; {kind} names are written on one line "
+                    "(partition.csv, the plots' labels): rename it"
                 )
 
     @property
@@ -181,21 +195,45 @@ def load_dataset(
     return read_dataset(loader, data_source(root, download, cache_dir), name)
 
 
+def _tensor(x: np.ndarray | torch.Tensor | list[int]) -> torch.Tensor:
+    """``x`` as a tensor; an array stored big-endian (``'>i8'``, as another machine may write it) converted to
+    native byte order first, losslessly: torch holds only native byte order."""
+    if isinstance(x, torch.Tensor):
+        return x
+    array = np.asarray(x)
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    return torch.as_tensor(array)
+
+
+CHANNELS = (1, 3, 4)  # grayscale, RGB, RGBA: what a channel axis plausibly holds
+
+
 def nchw_uint8(x: np.ndarray | torch.Tensor, what: str) -> torch.Tensor:
-    """N x H x W (grayscale) or N x H x W x C (channels last) uint8 images -> contiguous N x C x H x W."""
-    t = torch.as_tensor(np.asarray(x)) if not isinstance(x, torch.Tensor) else x
+    """N x H x W (grayscale) or N x H x W x C (channels last) uint8 images -> contiguous N x C x H x W.
+
+    Channels first, N x C x H x W (PyTorch's layout: (N, 3, 32, 32)), would read as images 3 pixels high of
+    32 channels, and train on nonsense: a last axis that is no channel count after an axis 1 that is one is
+    refused."""
+    t = _tensor(x)
     if t.dtype != torch.uint8:
         raise DataError(f"{what}: images must be uint8 (0..255), got {t.dtype}")
     if t.ndim == 3:
         return t.unsqueeze(1).contiguous()
     if t.ndim == 4:
+        if t.shape[3] not in CHANNELS and t.shape[1] in CHANNELS:
+            raise DataError(
+                f"{what}: shape {tuple(t.shape)} looks channels-first (N, C, H, W); fedsim reads images as "
+                f"(N, H, W) or (N, H, W, C), channels last, C in {CHANNELS}: store them as "
+                f"np.moveaxis(x, 1, -1), shape {(t.shape[0], t.shape[2], t.shape[3], t.shape[1])}"
+            )
         return t.permute(0, 3, 1, 2).contiguous()
     raise DataError(f"{what}: images must be N x H x W or N x H x W x C, got shape {tuple(t.shape)}")
 
 
 def labels_int64(y: np.ndarray | torch.Tensor | list[int], n: int, what: str) -> torch.Tensor:
     """Labels as an int64 vector of length ``n``; Keras' (N, 1) label columns are flattened."""
-    t = torch.as_tensor(np.asarray(y))
+    t = _tensor(y)
     if t.ndim == 2 and t.shape[1] == 1:
         t = t[:, 0]
     if t.ndim != 1 or len(t) != n or t.is_floating_point():

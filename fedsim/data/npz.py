@@ -16,7 +16,9 @@ KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 @DATASETS.register("npz")
 class Npz(DatasetLoader):
-    """A Keras-layout .npz file (x_train, y_train, x_test, y_test, optional classes); root is the file."""
+    """Keras-layout .npz: uint8 x_train, x_test (N, H, W) or (N, H, W, C); int y_train, y_test; classes optional.
+
+    Images are channels last: channels first, such as (N, 3, 32, 32), is refused. root is the file."""
 
     def load(self, source: DataSource) -> ArrayDataset:
         return load_npz(source.root)
