@@ -20,6 +20,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from fedsim import wire
 from fedsim.client.hooks import ClientHooks, RoundInfo
+from fedsim.client.sgd import LocalSgd
 from fedsim.client.training import ClientRound, TrainResult, train_local
 from fedsim.config import RunConfig
 from fedsim.data.batches import BatchStream
@@ -62,7 +63,7 @@ class ClientRuntime:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.hooks: ClientHooks = experiment.strategy.client()
         self._slots: list[tuple[FedsimModel, ClientHooks]] = [(self.model, self.hooks)]
-        self._optimizers: dict[int, torch.optim.Optimizer] = {}
+        self._optimizers: dict[int, LocalSgd] = {}
         self._clients: dict[int, ClientData] = {}
         self.to_inputs = self.fed.input_transform(cfg.data.normalize)
 
@@ -85,14 +86,12 @@ class ClientRuntime:
             self._slots.append((copy.deepcopy(self.model), self.experiment.strategy.client()))
         return self._slots[k]
 
-    def optimizer(self, clients: int) -> torch.optim.Optimizer:
-        """One SGD over the first ``clients`` slots' parameters (its state is cleared every round)."""
+    def optimizer(self, clients: int) -> LocalSgd:
+        """One SGD over the first ``clients`` slots' parameters (its momentum is cleared every round)."""
         if clients not in self._optimizers:
             t = self.cfg.train
             params = [p for k in range(clients) for p in self.slot(k)[0].parameters()]
-            self._optimizers[clients] = torch.optim.SGD(
-                params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay
-            )
+            self._optimizers[clients] = LocalSgd(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
         return self._optimizers[clients]
 
     def train(self, msg: Message, context: Context) -> Message:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from fedsim.client.hooks import ClientHooks, RoundInfo
+from fedsim.client.sgd import LocalSgd
 from fedsim.data.batches import BatchStream
 from fedsim.models import FedsimModel
 
@@ -67,7 +68,7 @@ AfterStep = Callable[[int, torch.Tensor], None]
 
 def train_local(
     clients: Sequence[ClientRound],
-    optimizer: torch.optim.Optimizer,
+    optimizer: LocalSgd,
     forward: Forward | None = None,
     after_step: AfterStep | None = None,
 ) -> list[TrainResult]:
@@ -85,13 +86,13 @@ def train_local(
         forward = own_forward(only.model)
     for work in clients:
         work.model.train()
-    optimizer.state.clear()  # momentum must not leak from the previous round or another client
+    optimizer.reset()  # momentum must not leak from the previous round or another client
     totals, steps = torch.zeros(len(clients), device=clients[0].stream.x.device), 0  # summed where the losses are
     for batch in zip(*(work.batches() for work in clients), strict=True):
         features, logits = forward([x for x, _ in batch])
         ys = [y for _, y in batch]
         losses = torch.stack([client_loss(work, features[i], logits[i], ys[i]) for i, work in enumerate(clients)])
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
         losses.sum().backward()
         for work in clients:
             work.hooks.correct_gradients(work.model)

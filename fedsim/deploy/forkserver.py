@@ -36,15 +36,18 @@ STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what stops a task (the
 
 def preload() -> None:
     """Import what every ClientApp process imports, once: Flower's client runtime and its HTTP stack,
-    fedsim's ClientApp, and what torch imports only on first use (an optimiser imports torch._dynamo)."""
+    fedsim's ClientApp, and torch's kernels' first-use set-up (one SGD step of fedsim's)."""
     import httpcore  # noqa: F401 (imported by the Runtime API's client when it opens its transport)
     import torch
     from flwr.supernode.cli import flwr_clientapp  # noqa: F401
 
     import fedsim.client.app  # noqa: F401
+    from fedsim.client.sgd import LocalSgd
 
     torch.set_num_threads(1)
-    torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    param = torch.nn.Parameter(torch.zeros(1))
+    param.grad = torch.ones(1)
+    LocalSgd([param], lr=0.1, momentum=0.9, weight_decay=0.0).step()
 
 
 def read_request(conn: socket.socket) -> tuple[list[str], list[int]]:
