@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from fedsim.config import RunConfig, apply_overrides, load_config, parse_config
+from fedsim.config import RunConfig, apply_overrides, check_keys_once, load_config, parse_config
 from fedsim.errors import ConfigError, brief
 from fedsim.rundir import read_run
 
@@ -102,6 +102,7 @@ def _as_list(overrides: object) -> list[str]:
     if isinstance(overrides, str):
         raise ConfigError(f"overrides: give a list of key=value strings, e.g. [{overrides!r}], not one string")
     if isinstance(overrides, list | tuple) and all(isinstance(item, str) for item in overrides):
+        check_keys_once(list(overrides))
         return list(overrides)
     raise ConfigError(f"overrides: give a list of key=value strings, e.g. ['train.rounds=5'], not {_got(overrides)}")
 

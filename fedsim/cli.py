@@ -71,7 +71,7 @@ def _cmd_compose(args: argparse.Namespace) -> int:
 def _cmd_list(args: argparse.Namespace) -> int:
     from fedsim.plugins import ALL_REGISTRIES, describe
 
-    kinds = [args.kind] if args.kind else list(ALL_REGISTRIES)
+    kinds = list(ALL_REGISTRIES) if args.kind is None else [args.kind]
     for kind in kinds:
         if kind not in ALL_REGISTRIES:
             raise FedsimError(f"unknown kind {kind!r}; valid: {', '.join(ALL_REGISTRIES)}")
@@ -268,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sigterm_as_interrupt():  # from the first moment: start-up included, every engine after it
             args = build_parser().parse_args(argv)
+            if getattr(args, "set", None):  # every command's --set
+                from fedsim.config import check_keys_once
+
+                check_keys_once(args.set)
             if args.debug:
                 os.environ[DEBUG_ENV] = "1"
             warnings.showwarning = _show_warning

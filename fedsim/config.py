@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, to_jsonable_python
 
 from fedsim.errors import ConfigError, brief, one_line
 from fedsim.names import NAME_RULE, is_name, printable
@@ -55,9 +55,18 @@ class PluginBlock(BaseModel):
         return {"name": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
-    def _finite_options(self) -> PluginBlock:
-        # the plugin's Params refuse inf and NaN too, but only after a trip through JSON turned them into null
+    def _plain_options(self) -> PluginBlock:
         for key, value in (self.model_extra or {}).items():
+            try:  # fedsim.experiment.resolve passes them through JSON (an API caller's mapping may hold anything)
+                json.dumps(to_jsonable_python(value))
+            except ValueError:  # an int of more than 4,300 digits, an object JSON has no form for, a list in itself
+                raise PydanticCustomError(
+                    "json_value",
+                    "option {key} = {value} has no form in the run's config.yaml: give text, a number, true/false, "
+                    "null, or a list or mapping of them",
+                    {"key": key, "value": brief(value)},
+                ) from None
+            # the plugin's Params refuse inf and NaN too, but only after a trip through JSON turned them into null
             if not all_floats(value, math.isfinite):
                 raise PydanticCustomError("finite_number", "option {key} = {value} is not a finite number",
                                           {"key": key, "value": value})  # fmt: skip
@@ -447,6 +456,19 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         value = parse_yaml(text, f"--set {key.strip()}")
         _set_dotted(raw, key.strip(), value)
     return raw
+
+
+def check_keys_once(overrides: list[str]) -> None:
+    """Refuse a key given twice in one ``--set`` list (the last would win in silence, as a YAML key given twice
+    would: refused too), naming it and both values."""
+    seen: dict[str, str] = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if sep and key.strip() in seen:
+            raise ConfigError(
+                f"--set {key.strip()} is given twice ({brief(seen[key.strip()])}, then {brief(text)}): give it once"
+            )
+        seen[key.strip()] = text
 
 
 class _Refused(yaml.YAMLError):

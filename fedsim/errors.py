@@ -10,7 +10,10 @@ DEBUG_ENV = "FEDSIM_DEBUG"
 
 def brief(value: object, limit: int = 80) -> str:
     """``repr(value)``, cut to ``limit`` characters: an error message quotes what it got, never megabytes of it."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except Exception:  # an int of more than 4,300 digits (a ValueError), an API caller's object whose repr fails
+        text = f"<{type(value).__name__} without a printable form>"
     return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-2:]}"
 
 

@@ -9,14 +9,19 @@ batches, through the one training loop with FedAvg's client half (plain local SG
 run's strategy). Before the first step and every E steps (and after the last) it scores the model
 on the whole test set, accuracy on the classes client k trains on (``own_class_acc``) and on all
 the others (``other_class_acc``), and measures the feature diagnostics of :mod:`fedsim.diagnostics`
-on the run's probe batch. ``RUN_DIR/local-<k>/`` (``local-<k>,<key=value>...`` with ``--set``) holds
-``local.json`` (what ran, :class:`LocalRequest`) and ``metrics.jsonl`` (one line per evaluation, flushed
-as written); ``fedsim plot`` draws them. The run's ``summary.json`` and model, and ``local.json``, are read
-through :mod:`fedsim.reading` (:func:`fedsim.rundir.read_summary`, :func:`read_request`).
+on the run's probe batch. ``--set`` changes only the local training (:data:`LOCAL_KEYS`): which data is
+client k's is the run's. ``RUN_DIR/local-<k>/`` (``local-<k>,<key=value>...`` with ``--set``, cut short and
+ending in a hash of the exact request where it would be too long or hold other characters, :func:`local_dir`)
+holds ``local.json`` (what ran, :class:`LocalRequest`) and ``metrics.jsonl`` (one line per evaluation, flushed
+as written); ``fedsim plot`` draws them. The same request again replaces them; another one is refused there.
+The run's ``summary.json`` and model, and ``local.json``, are read through :mod:`fedsim.reading`
+(:func:`fedsim.rundir.read_summary`, :func:`read_request`).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,22 +35,53 @@ from fedsim.config import MAX_LOCAL_STEPS, RunConfig, apply_overrides, parse_con
 from fedsim.data.fingerprint import DATA_FINGERPRINT, check_same_data
 from fedsim.diagnostics import ProbeDiagnostics, probe_images
 from fedsim.engines.layout import torch_threads
-from fedsim.errors import ConfigError, DataError, FedsimError
+from fedsim.errors import ConfigError, DataError, FedsimError, brief
 from fedsim.evaluation import evaluate
 from fedsim.experiment import resolve
 from fedsim.integrity import read_torch, verify
+from fedsim.names import control_character, cut, unprintable
 from fedsim.norms.ln_variants import seed_norm_noise
 from fedsim.reading import read_json
 from fedsim.registry import PluginParams
 from fedsim.rundir import LOCAL_JSON, MODEL_CHECKSUM, SUMMARY, RunDir, Written, atomic_write, claimed, read_summary
 from fedsim.runner import check_runnable
 
+# What --set may change for a continuation: its SGD, the model's form (model.norm=fn: LN-FL Fig. 2), where the run's
+# data is now (its fingerprint in summary.json checks that it is the run's), where and on how many threads it runs;
+# a key and the keys inside it. The partition (train.num_clients, partition, seed) decides which data is client k's,
+# and the run's strategy, output, evaluation or deployment has no part in a continuation.
+LOCAL_KEYS = (
+    "train.lr", "train.momentum", "train.weight_decay", "train.batch_size", "data.augment", "model",
+    "data.root", "data.cache_dir", "simulation.device", "simulation.threads", "eval.batch_size",
+)  # fmt: skip
+# what a directory name keeps of a --set item as typed; any other character (a space, '/', ',') becomes '_'
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]")
+
 
 def local_dir(run_dir: str | Path, client: int, overrides: list[str] | None = None) -> Path:
     """``RUN_DIR/local-<k>``, or ``local-<k>,<override>,...`` when ``--set`` changed the config, so that a
-    vanilla continuation and an FN one of the same client sit side by side (LN-FL Fig. 2)."""
-    name = ",".join([f"local-{client}", *(o.replace("/", "_").replace(" ", "") for o in overrides or [])])
-    return Path(run_dir) / name
+    vanilla continuation and an FN one of the same client sit side by side (LN-FL Fig. 2). One directory per
+    client and ``--set`` list: a name too long, or one whose characters had to be replaced, is cut short and
+    ends in a hash of the exact list."""
+    items = list(overrides or [])
+    exact = ",".join([f"local-{client}", *items])
+    name = ",".join([f"local-{client}", *(_UNSAFE.sub("_", item) for item in items)])  # a ',' in an item too
+    return Path(run_dir) / cut(name, None if name == exact else json.dumps([client, items]))
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Refuse a ``--set`` item that holds a control character or a lone surrogate (it names the directory and
+    is recorded in ``local.json``) or whose key is not one of :data:`LOCAL_KEYS`."""
+    for item in overrides:
+        if (hit := control_character(item)) is not None:
+            raise ConfigError(f"--set {brief(item)}: {unprintable(hit[1])}")
+        key = item.partition("=")[0].strip()  # an item without '=' is apply_overrides' to refuse
+        if "=" in item and not any(key == k or key.startswith(f"{k}.") for k in LOCAL_KEYS):
+            allowed = ", ".join(k if "." in k else f"{k}[.<key>]" for k in LOCAL_KEYS)  # a section and inside it
+            raise ConfigError(
+                f"--set {brief(key)[1:-1]}: fedsim local continues client k of the run as the run split its data, "
+                f"with plain local SGD; --set changes only that training: {allowed}"
+            )
 
 
 def finished_run_config(
@@ -70,6 +106,7 @@ def finished_run_config(
             f"{run_dir}: not a finished run with a saved model (no {' or '.join(missing)}): finish it first "
             f"(fedsim run --resume {run_dir}), with output.save_model: true"
         )
+    check_overrides(overrides or [])
     raw = read_yaml(run_dir / "config.yaml", "the run's config.yaml") or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{run_dir / 'config.yaml'}: the top level must be a mapping of sections")
@@ -101,6 +138,19 @@ def read_request(local: str | Path) -> dict[str, Any]:
     return read_json(Path(local) / LOCAL_JSON, LocalRequest, "fedsim local's request", error=FedsimError)
 
 
+def _check_same_request(path: Path, client: int, steps: int, every: int, overrides: list[str]) -> None:
+    """Refuse to write into ``path`` if it holds the results of another request than this one."""
+    if not (path / LOCAL_JSON).exists():
+        return
+    old = read_request(path)
+    if (old["client"], old["steps"], old["every"], old.get("overrides", [])) != (client, steps, every, overrides):
+        raise FedsimError(
+            f"{path} holds the results of another fedsim local request (--client {old['client']} --steps "
+            f"{old['steps']} --every {old['every']}, --set {' '.join(old.get('overrides', [])) or 'nothing'}); "
+            "move or delete that directory to run this one"
+        )
+
+
 def load_model(run_dir: Path, summary: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The run's ``model.pt``, checked against the checksum its ``summary`` recorded when it was written."""
     path = run_dir / "model.pt"
@@ -118,6 +168,8 @@ def continue_locally(
     a vanilla run's model with FN, which has no parameters (LN-FL Fig. 2, right), ``train.lr=...``.
     """
     cfg = finished_run_config(run_dir, client, steps, every, overrides)
+    path = local_dir(run_dir, client, overrides)
+    _check_same_request(path, client, steps, every, list(overrides or []))  # before any data is read; again below
     summary = read_summary(Path(run_dir))
     experiment = resolve(cfg)
     check_runnable(experiment)  # what fedsim run checks (a batch larger than the data), before any directory
@@ -138,9 +190,10 @@ def continue_locally(
             f"{first}"
         ) from err
     own = data.class_counts > 0
-    path = local_dir(run_dir, client, overrides)
-    # one continuation at a time per directory; a re-run replaces the last one's metrics
+    # one continuation at a time per directory; the same request again replaces its metrics (the same numbers:
+    # its batches are seeded), another one's are never replaced
     with claimed(path, field="fedsim local's output directory", owner="local continuation"):
+        _check_same_request(path, client, steps, every, list(overrides or []))  # what ended while this one loaded
         out = RunDir(path)
         t = cfg.train
         request = LocalRequest(

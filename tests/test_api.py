@@ -127,6 +127,45 @@ def test_a_wrong_argument_type_is_a_config_error_naming_the_argument(
     assert not (tmp_path / "runs").exists()
 
 
+class _NoRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+_LOOP: list[Any] = []
+_LOOP.append(_LOOP)
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "message"),
+    [
+        # a raw ValueError (int too large to convert) from the error's own message
+        (None, "seed", 10**5000, "seed: Input should be less than 9223372036854775808 (got <int without a printable"),
+        ("train", "lr", -(10**5000), "train.lr: Input should be a valid number (got <int without a printable form>)"),
+        ("train", "batch_size", _NoRepr(), "train.batch_size: Input should be a valid integer (got <_NoRepr without"),
+        # plugin options go through JSON in experiment.resolve: these were tracebacks there
+        ("model", "hidden", [10**5000], "model: option hidden = <list without a printable form> has no form in the"),
+        ("partition", "beta", {"a": object()}, "partition: option beta = {'a': <object object at"),
+        ("model", "hidden", _LOOP, "model: option hidden = [[...]] has no form in the run's config.yaml"),
+        # a lone surrogate: a pydantic JSON traceback in experiment.resolve
+        (None, "name", "a\udcffb", "name: holds '\\udcff', a lone surrogate, not a Unicode character"),
+        ("data", "cache_dir", "/tmp/\udcff", "data.cache_dir: holds '\\udcff', a lone surrogate"),
+    ],
+    ids=["huge-seed", "huge-lr", "no-repr", "huge-option", "object-option", "loop", "surrogate", "surrogate-path"],
+)
+def test_a_mapping_value_fedsim_cannot_write_is_one_line_naming_its_field(
+    tmp_path: Path, section: str | None, key: str, value: object, message: str
+) -> None:
+    raw = small_config(tmp_path)
+    where = raw if section is None else raw.setdefault(section, {})
+    if isinstance(where, str):  # a plugin given by its name alone
+        where = raw[section] = {"name": where}
+    where[key] = value
+    with pytest.raises(ConfigError) as caught:
+        fedsim.make_config(raw)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value), str(caught.value)
+
+
 def test_an_interrupted_run_resumes_from_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C (a Jupyter kernel's interrupt) stops ``fedsim.run`` with KeyboardInterrupt, after which
     ``fedsim.resume`` finishes it with the uninterrupted run's numbers."""

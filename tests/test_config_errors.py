@@ -45,6 +45,12 @@ def run_cli(capsys: pytest.CaptureFixture[str], path: Path, *overrides: str) -> 
         (["train.num_clients=6000"], ["num_clients", "6000", "5000"]),
         (["simulation.vmap_clients=4", "engine=flower"], ["simulation.vmap_clients = 4 needs engine: local"]),
         (["simulation.vmap_clients=4", "model.norm=bn"], ["simulation.vmap_clients = 4", "'bn'", "running statistics"]),
+        # a lone surrogate passed the first validation, then was a pydantic JSON traceback (experiment.resolve)
+        (['name="a\\udcffb"'], ["name: holds '\\udcff', a lone surrogate", "(got 'a\\udcffb')"]),
+        (['data.cache_dir="/tmp/\\udcff"'], ["data.cache_dir: holds '\\udcff', a lone surrogate"]),
+        (['model.norm={name: gn, x: "\\ud800"}'], ["model.norm: '\\ud800' holds '\\ud800', a lone surrogate"]),
+        # the last value won in silence
+        (["train.rounds=1", "train.rounds=2"], ["--set train.rounds is given twice ('1', then '2'): give it once"]),
     ],
 )
 def test_bad_config_is_one_clear_message(
@@ -151,6 +157,28 @@ def test_list_shows_every_kind(capsys: pytest.CaptureFixture[str]) -> None:
     for name in ("fedavg", "dirichlet", "n_class", "iid", "ln", "fn", "gn", "bn", "cnn", "resnet18", "imagefolder"):
         assert f"  {name} " in out
     assert "beta=0.5" in out  # options with their defaults
+
+
+def test_list_of_an_empty_kind_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", ""]) == 2  # it listed every kind
+    err = capsys.readouterr().err.strip()
+    assert err == "fedsim: error: unknown kind ''; valid: strategies, norms, models, datasets, partitions, trackers"
+
+
+def test_a_lone_surrogate_in_a_config_file_or_a_sweep_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(tmp_path, small_config(tmp_path))
+    path.write_text(path.read_text().replace("\nname: t\n", '\nname: "q\\ud800"\n'))  # YAML's escape for it
+    assert run_cli(capsys, path) == (2, "fedsim: error: name: holds '\\ud800', a lone surrogate, not a Unicode "
+                                        "character (bytes that are not UTF-8, read as text): fedsim writes its files "
+                                        "in UTF-8; give the text in UTF-8 (got 'q\\ud800')\n")  # fmt: skip
+    sweep = tmp_path / "sweep.yaml"
+    base = write_config(tmp_path, small_config(tmp_path), "base.yaml")
+    sweep.write_text(f'base: {base}\ngrid:\n  data.cache_dir: ["a\\udcffb"]\n')
+    assert main(["sweep", str(sweep), "--output", str(tmp_path / "sweeps")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "'a\\udcffb' holds '\\udcff', a lone surrogate" in err[0]
 
 
 def test_the_error_file_is_written_only_as_a_new_file(

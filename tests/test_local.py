@@ -16,6 +16,8 @@ from fedsim.config import load_config
 from fedsim.data import load_dataset
 from fedsim.data.fingerprint import DATA_FINGERPRINT, fingerprint
 from fedsim.integrity import digest
+from fedsim.local import local_dir
+from fedsim.names import MAX_NAME, is_name
 from fedsim.runner import run
 from tests.conftest import MNIST_SMALL, REPO
 from tests.test_data_integrity import relabelled
@@ -78,6 +80,23 @@ def test_one_client_alone_overfits_its_class(finished_run: Path, capsys: pytest.
             "--every 6: evaluate every E steps with E in 1..5 (--steps)",
         ),
         (["--client", "99999999999999999999", "--steps", "5"], "--client 99999999999999999999 is out of range"),
+        # keys that redefine which data is client k's, or have no part in a continuation, were taken in silence
+        (
+            ["--client", "0", "--steps", "2", "--set", "train.num_clients=5"],
+            "--set train.num_clients: fedsim local continues client k of the run as the run split its data, with plain "
+            "local SGD; --set changes only that training: train.lr, train.momentum, train.weight_decay, "
+            "train.batch_size, data.augment, model[.<key>], data.root, data.cache_dir, simulation.device, "
+            "simulation.threads, eval.batch_size",
+        ),
+        (["--client", "0", "--steps", "2", "--set", "partition.beta=100"], "--set partition.beta: fedsim local"),
+        (["--client", "0", "--steps", "2", "--set", "strategy.name=scaffold"], "--set strategy.name: fedsim local"),
+        (["--client", "0", "--steps", "2", "--set", "output.run_dir=/tmp/x"], "--set output.run_dir: fedsim local"),
+        (["--client", "0", "--steps", "2", "--set", "seed=1"], "--set seed: fedsim local"),
+        # a control character in a --set item: a directory whose name spanned two lines
+        (
+            ["--client", "0", "--steps", "2", "--set", "train.lr=0.1\n#\tx"],
+            "--set 'train.lr=0.1\\n#\\tx': holds the control character '\\n'",
+        ),
         # fedsim run's own checks of the effective config: a batch of 100,000 allocated 23 GB before
         (
             ["--client", "0", "--steps", "2", "--set", "train.batch_size=5001"],
@@ -119,6 +138,37 @@ def test_set_changes_the_local_training_and_a_model_that_does_not_fit_is_one_lin
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model.pt does not fit the model this config builds (--set model.norm=none)" in err[0]
     assert not list(finished_run.glob("local-6*"))
+
+
+def test_each_client_and_set_list_has_a_directory_name_of_its_own() -> None:
+    """A long --set was ENAMETOOLONG's traceback; '/' and ' ' were replaced, so two lists shared a directory."""
+    names = [
+        local_dir("r", 0, items).name
+        for items in (
+            [], ["train.lr=0.01"], ["model.norm=fn", "train.lr=0.1"], ["model.norm=fn,train.lr=0.1"],
+            ["data.cache_dir=/tmp/x"], ["data.cache_dir=_tmp_x"], ["model={name: cnn, norm: fn}"],
+            ["model={name: cnn,norm: fn}"], ["train.lr=0." + "1" * 300], ["train.lr=0." + "1" * 301],
+        )
+    ]  # fmt: skip
+    assert names[:3] == ["local-0", "local-0,train.lr=0.01", "local-0,model.norm=fn,train.lr=0.1"]  # as typed
+    assert len(set(names)) == len(names) and all(n.startswith("local-0,") for n in names[1:])
+    assert all(len(n) <= MAX_NAME and is_name(n) for n in names)
+    assert local_dir("r", 1, ["train.lr=0.01"]).name == "local-1,train.lr=0.01"
+
+
+def test_another_request_never_replaces_a_continuation(finished_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A re-run with other --steps wrote over the last one's results in silence."""
+    out = local_dir(finished_run, 7)
+    out.mkdir()
+    request = {"run_dir": str(finished_run), "client": 7, "steps": 5, "every": 1, "classes": [7], "lr": 0.05,
+               "momentum": 0.0, "weight_decay": 0.0, "batch_size": 32, "augment": True, "overrides": []}  # fmt: skip
+    (out / "local.json").write_text(json.dumps(request))
+    assert main(["local", str(finished_run), "--client", "7", "--steps", "2"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"fedsim: error: {out} holds the results of another fedsim local request (--client 7 --steps 5 --every 1, "
+        "--set nothing); move or delete that directory to run this one"
+    )
+    assert json.loads((out / "local.json").read_text()) == request and not (out / "metrics.jsonl").exists()
 
 
 def test_a_model_changed_on_disk_is_refused(
