@@ -82,8 +82,9 @@ def test_a_packed_record_that_does_not_match_its_layout_is_a_protocol_error() ->
 
 
 class Recorder(Grid):
-    """A grid that records what is pushed and answers each Message, at the first pull, with a packed reply
-    (the Messages are never stored, so their ids, like their replies' ``reply_to``, are all ``""``)."""
+    """A grid that records what is pushed and answers each Message at the first pull as fedsim's ClientApp
+    does, packed if it came packed (the Messages are never stored, so their ids, like their replies'
+    ``reply_to``, are all ``""``)."""
 
     def __init__(self) -> None:
         self.pushed: list[Message] = []
@@ -93,7 +94,7 @@ class Recorder(Grid):
         return [m.metadata.message_id for m in self.pushed]
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return [Message(pack(content()), reply_to=m) for m in self.pushed]
+        return [Message(pack(content()) if is_packed(m.content) else content(), reply_to=m) for m in self.pushed]
 
     set_run = run = create_message = get_node_ids = send_and_receive = None  # type: ignore[assignment]
 

@@ -63,7 +63,7 @@ class PromptGrid(Grid):
         replies: list[Message] = []
         while waiting:
             pulled = list(self.pull_messages(waiting))
-            for reply in pulled:
+            for reply in pulled if self.packed else ():  # a ClientApp packs its reply to a packed Message
                 if reply.has_content() and is_packed(reply.content):
                     reply.content = unpack(reply.content)
             replies += pulled
