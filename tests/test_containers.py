@@ -76,11 +76,12 @@ def compose_program(image: str) -> list[str]:
     return next(iter(programs.values()))  # Debian 12's docker-compose 1.29 where both are there
 
 
-def write_project(tmp_path: Path, *settings: str, options: tuple[str, ...] = ()) -> Path:
-    """``fedsim compose`` through the CLI, as a user types it (``tests.plugins`` importable, for their strategies)."""
+def write_project(tmp_path: Path, *settings: str, options: tuple[str, ...] = (), short: bool = True) -> Path:
+    """``fedsim compose`` through the CLI, as a user types it (``tests.plugins`` importable, for their strategies);
+    ``short``: with ``SHORT``'s rounds (a setting may be given once)."""
     out = tmp_path / "project"
     cmd = [sys.executable, "-m", "fedsim.cli", "compose", str(QUICKSTART), "--nodes", "3", "--out", str(out),
-           *options, "--set", *SHORT, *settings]  # fmt: skip
+           *options, "--set", *(SHORT if short else []), *settings]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
     return out
@@ -222,7 +223,7 @@ def test_a_run_whose_superlink_is_killed_resumes_with_submit_resume_to_fedsim_ru
     every_round = ["train.rounds=3", "eval.every=1", "output.checkpoint_every=1"]
     killer = ["strategy.name=tests.plugins.superlink_killer:KillSuperLink", "strategy.kill_round=2"]
     auth = ["deploy.tls=true", "deploy.supernode_auth=true"]
-    written = write_project(tmp_path, *every_round, *killer, *auth)
+    written = write_project(tmp_path, *every_round, *killer, *auth, short=False)
     project = projects(written, with_test_plugins(one_network_namespace(written)))
     project("up", "-d")
     assert project.wait(project.container("submit"), RUN_TIMEOUT_S) == 2, project.logs("submit", "superlink")
@@ -239,7 +240,6 @@ def test_a_run_whose_superlink_is_killed_resumes_with_submit_resume_to_fedsim_ru
     res = project("run", "--rm", "-T", "submit", "--resume", timeout=RUN_TIMEOUT_S, check=False)
     assert res.returncode == 0, res.stdout[-3000:] + project.logs("superlink")
     assert "resumed from its checkpoint" in res.stdout and "round 3/3: train loss" in res.stdout
-    assert "round 1/3" not in res.stdout  # the killed run's rounds are not shown again
     assert json.loads((run_dir / "summary.json").read_text())["resumed_from_round"] == 1
 
     out = tmp_path / "sim"
