@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_leaves
 from fedsim import wire
 from fedsim.arrays import to_array_record
 from fedsim.client.hooks import RoundInfo
+from fedsim.client.sgd import LocalSgd
 from fedsim.client.training import ClientRound, train_local
 from fedsim.client.vectorized import StackedForward
 from fedsim.evaluation import evaluate
@@ -95,7 +96,7 @@ def test_one_client_trains_with_every_tensor_on_its_device(name: str) -> None:
     model, state = model_on_device("bn" if name == "fedbn" else "ln"), RecordDict()
     with OneDevice() as mode:
         work = client_round(name, model, state)
-        (result,) = train_local([work], torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+        (result,) = train_local([work], LocalSgd(model.parameters(), lr=0.1, momentum=0.9))
         reads = mode.reads
         work.hooks.end_round(model, state, work.info, result.steps)
         reply = work.hooks.reply_arrays(model, state)
@@ -108,7 +109,7 @@ def test_clients_trained_together_keep_every_tensor_on_their_device() -> None:
     with OneDevice() as mode:
         rounds = [client_round("scaffold", m, RecordDict()) for m in models]
         params = [p for m in models for p in m.parameters()]
-        results = train_local(rounds, torch.optim.SGD(params, lr=0.1), StackedForward(models))
+        results = train_local(rounds, LocalSgd(params, lr=0.1), StackedForward(models))
     assert [r.steps for r in results] == [3, 3, 3] and mode.reads == 1
 
 

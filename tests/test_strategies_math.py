@@ -23,6 +23,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from fedsim import wire
 from fedsim.arrays import array_view, to_array_record
 from fedsim.client.hooks import ClientHooks, RoundInfo
+from fedsim.client.sgd import LocalSgd
 from fedsim.client.training import ClientRound, TrainResult, train_local
 from fedsim.data.batches import BatchStream
 from fedsim.engines.local import LocalGrid, node_id_of
@@ -151,7 +152,7 @@ def test_fedprox_gradient_is_grad_f_plus_mu_w_minus_x_on_parameters_only() -> No
     F.cross_entropy(plain(data_x.float() / 255), data_y).backward()
     grad_f = {n: p.grad.clone() for n, p in plain.named_parameters()}
 
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    opt = LocalSgd(model.parameters(), lr=lr)
     train_one(model, stream(data_x, data_y), opt, hooks, info([2, 2, 2], lr))
     for n, p in model.named_parameters():
         expected_grad = grad_f[n] + mu * (w[n] - x[n])
@@ -218,7 +219,7 @@ def test_scaffold_two_rounds_match_the_hand_computation(weighting: str) -> None:
         rinfo = info([int((y == k).sum()) for k in range(2)], lr, K, pid)
         hooks.load_global(model, msg.content[wire.ARRAYS], state)
         hooks.begin_round(model, msg.content, state, rinfo)
-        result = train_one(model, stream(x_u8, y), torch.optim.SGD(model.parameters(), lr=lr), hooks, rinfo)
+        result = train_one(model, stream(x_u8, y), LocalSgd(model.parameters(), lr=lr), hooks, rinfo)
         extra = hooks.end_round(model, state, rinfo, result.steps)
         out = hooks.reply_arrays(model, state)
         seen[pid] = {
@@ -289,13 +290,13 @@ def test_scaffold_with_zero_control_variates_steps_like_fedavg() -> None:
     scaffold = spec_.client()
     c_zero = to_array_record({n: torch.zeros_like(p) for n, p in model.named_parameters()})
     scaffold.begin_round(model, RecordDict({wire.SCAFFOLD_C: c_zero}), RecordDict(), info([3, 3, 2]))
-    train_one(model, stream(x_u8, y, 4), torch.optim.SGD(model.parameters(), lr=0.1), scaffold, info([3, 3, 2]))
+    train_one(model, stream(x_u8, y, 4), LocalSgd(model.parameters(), lr=0.1), scaffold, info([3, 3, 2]))
     after_scaffold = model.state_dict()
 
     fedavg = copy.deepcopy(model)
     fedavg.load_state_dict(start)
     plain = ClientHooks(None)
-    train_one(fedavg, stream(x_u8, y, 4), torch.optim.SGD(fedavg.parameters(), lr=0.1), plain, info([3, 3, 2]))
+    train_one(fedavg, stream(x_u8, y, 4), LocalSgd(fedavg.parameters(), lr=0.1), plain, info([3, 3, 2]))
     for k, v in fedavg.state_dict().items():
         assert torch.equal(after_scaffold[k], v), k
     assert not torch.equal(after_scaffold["classifier.weight"], start["classifier.weight"])
@@ -309,7 +310,7 @@ def test_scaffold_control_variates_cover_parameters_not_buffers() -> None:
     state = RecordDict()
     rinfo = info([3, 3, 2], steps=2)
     hooks.begin_round(model, RecordDict({wire.SCAFFOLD_C: c}), state, rinfo)
-    train_one(model, stream(images(8), torch.randint(0, 3, (8,)), 4), torch.optim.SGD(model.parameters(), lr=0.1),
+    train_one(model, stream(images(8), torch.randint(0, 3, (8,)), 4), LocalSgd(model.parameters(), lr=0.1),
                 hooks, rinfo)
     extra = hooks.end_round(model, state, rinfo, 2)
     params = {n for n, _ in model.named_parameters()}
@@ -413,7 +414,7 @@ def test_fedlc_one_class_client_has_zero_loss_and_learns_nothing() -> None:
     y = torch.full((6,), 2)
     rinfo = info([0, 0, 6], lr=0.5, steps=3)
     hooks.begin_round(model, RecordDict(), RecordDict(), rinfo)
-    result = train_one(model, stream(images(6), y, 3), torch.optim.SGD(model.parameters(), lr=0.5), hooks, rinfo)
+    result = train_one(model, stream(images(6), y, 3), LocalSgd(model.parameters(), lr=0.5), hooks, rinfo)
     assert result.steps == 3 and result.mean_loss == 0.0
     assert all(p.grad is not None and torch.count_nonzero(p.grad) == 0 for p in model.parameters())
     for k, v in model.state_dict().items():
@@ -494,7 +495,7 @@ def test_feddecorr_uses_the_features_entering_the_classifier() -> None:
     hooks = Recording(spec_.params)
     rinfo = info([3, 3, 2], steps=2)
     train_one(model, stream(images(8, (1, 4, 4)), torch.randint(0, 3, (8,)), 4),
-                torch.optim.SGD(model.parameters(), lr=0.1), hooks, rinfo)
+                LocalSgd(model.parameters(), lr=0.1), hooks, rinfo)
     assert len(given) == len(inputs) == 2
     for (features, value), classifier_input in zip(given, inputs, strict=True):
         assert torch.equal(features, classifier_input)
@@ -522,7 +523,7 @@ def test_fedbn_client_keeps_bn_weights_and_statistics() -> None:
     rinfo = info([3, 3, 2])
     hooks.load_global(model, global_arrays, state)
     hooks.begin_round(model, RecordDict(), state, rinfo)
-    train_one(model, stream(images(8), torch.randint(0, 3, (8,)), 4), torch.optim.SGD(model.parameters(), lr=0.1),
+    train_one(model, stream(images(8), torch.randint(0, 3, (8,)), 4), LocalSgd(model.parameters(), lr=0.1),
                 hooks, rinfo)
     hooks.end_round(model, state, rinfo, 1)
     sent = hooks.reply_arrays(model, state)

@@ -18,7 +18,9 @@ from torch.optim.sgd import sgd
 class LocalSgd:
     """SGD with momentum and weight decay over ``params``; its momentum is cleared by :meth:`reset`."""
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float, momentum: float, weight_decay: float) -> None:
+    def __init__(
+        self, params: Iterable[torch.nn.Parameter], lr: float, momentum: float = 0.0, weight_decay: float = 0.0
+    ) -> None:
         self.params = list(params)
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.momentum_buffers: list[torch.Tensor | None] = [None] * len(self.params)
