@@ -18,7 +18,7 @@ from fedsim.errors import ConfigError
 from fedsim.experiment import Experiment, build_server, resolve
 from fedsim.federation import Federation
 from fedsim.models import FedsimModel
-from fedsim.rundir import check_fresh, claimed, make_dir, metrics_so_far, resolved
+from fedsim.rundir import CHECKPOINT, check_fresh, claimed, make_dir, metrics_so_far, resolved
 from fedsim.server.strategy import ServerSetup, check_strategy
 from fedsim.trackers import resolve_trackers
 
@@ -128,4 +128,6 @@ def run(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
             return run_with_engine(experiment, resume)
         except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: fedsim's one line says where the run stands
             err.add_note(metrics_so_far(run_dir))
+            if (run_dir / CHECKPOINT).is_file():  # written whole or not at all (a temporary file renamed)
+                err.add_note(f"fedsim run --resume {run_dir} continues it from its last checkpoint")
             raise

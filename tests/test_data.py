@@ -291,6 +291,17 @@ def test_imagefolder_cache_dir_from_environment(tmp_path: Path, monkeypatch: pyt
     assert len(list((tmp_path / "envcache").glob("imagefolder-t-*.npz"))) == 1
 
 
+@pytest.mark.parametrize("cache", ["a\nb", "a\tb", "a\udcffb"])
+def test_a_fedsim_cache_that_data_cache_dir_would_refuse_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: str
+) -> None:
+    # a mapping, not the process's environment: a lone surrogate cannot be put into that one
+    monkeypatch.setattr(os, "environ", {**os.environ, "FEDSIM_CACHE": str(tmp_path / cache)})
+    with pytest.raises(ConfigError, match="FEDSIM_CACHE .*(control character|lone surrogate)"):
+        load_dataset("imagefolder", write_tar(tmp_path / "t.tar.gz", tree_files()))
+    assert not (tmp_path / cache).exists()  # nothing made under the name
+
+
 def test_imagefolder_mixed_sizes_name_an_offender(tmp_path: Path) -> None:
     files = tree_files()
     files["test/dog/99.png"] = png_bytes((0, 0, 0), size=(6, 4))

@@ -419,3 +419,13 @@ def test_free_ports_are_distinct_bindable_and_never_ephemeral(monkeypatch: pytes
         busy.listen()
         monkeypatch.setattr(ports.random, "randrange", lambda n: chosen[0] - span.start)  # the scan starts there
         assert ports.free_ports(["127.0.0.1"], taken={chosen[0] + 1})[0] == chosen[0] + 2
+
+
+def test_a_run_that_ended_without_a_summary_names_its_log_and_last_line_only() -> None:
+    """The launcher's error for a ServerApp that ended without a summary is one line: the log's path and its
+    last line that says something (the traceback's last line), not the log's tail on lines of its own."""
+    from fedsim.deploy.launcher import last_line
+
+    log = "INFO: starting\nTraceback (most recent call last):\n  File x\nValueError: no data\n\n  \n"
+    assert last_line(log) == "ValueError: no data"
+    assert last_line("") == last_line("\n\n") == ""

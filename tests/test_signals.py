@@ -184,3 +184,23 @@ def test_a_signal_raised_where_python_ignores_exceptions_is_raised_again(
                 pass
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_run_stopped_after_a_checkpoint_says_how_to_continue_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C after a checkpoint: the one line names ``fedsim run --resume`` (before one, it cannot)."""
+    import fedsim.engines
+    from fedsim.cli import main
+
+    def stopped_after_a_checkpoint(experiment, resume: bool) -> None:  # noqa: ANN001
+        (Path(experiment.config.output.run_dir) / "checkpoint.pt").write_bytes(b"")  # as a checkpoint lands
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fedsim.engines, "run_with_engine", stopped_after_a_checkpoint)
+    run_dir = tmp_path / "r"
+    assert main(["run", str(write_config(tmp_path, small_config(tmp_path, output={"run_dir": str(run_dir)})))]) == 130
+    assert capsys.readouterr().err == (
+        f"fedsim: interrupted; no metrics were written yet (the run directory is {run_dir}); "
+        f"fedsim run --resume {run_dir} continues it from its last checkpoint\n"
+    )

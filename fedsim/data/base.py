@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsim.errors import DataError, FedsimError
-from fedsim.names import control_character
+from fedsim.errors import ConfigError, DataError, FedsimError
+from fedsim.names import control_character, unprintable
 from fedsim.paths import package_path
 from fedsim.registry import PluginParams, Registry
 
@@ -133,8 +133,12 @@ class ArrayDataset:
 
 
 def default_cache_dir() -> Path:
-    """``$FEDSIM_CACHE`` if set, else ``~/.cache/fedsim``."""
-    return Path(os.environ.get("FEDSIM_CACHE") or "~/.cache/fedsim").expanduser()
+    """``$FEDSIM_CACHE`` if set, else ``~/.cache/fedsim``; a FEDSIM_CACHE that ``data.cache_dir`` would refuse
+    (a control character, a lone surrogate) is refused the same way."""
+    cache = os.environ.get("FEDSIM_CACHE") or "~/.cache/fedsim"
+    if (hit := control_character(cache)) is not None:
+        raise ConfigError(f"FEDSIM_CACHE {cache!r}: {unprintable(hit[1])}")
+    return Path(cache).expanduser()
 
 
 def data_source(root: str | Path, download: bool = False, cache_dir: str | Path | None = None) -> DataSource:

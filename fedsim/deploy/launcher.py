@@ -227,13 +227,14 @@ class LocalDeployment:
                 if status.startswith("finished") and not summary.exists() and not error.exists():
                     log = self.save_server_log(run_id)
                     raise FedsimError(f"run {run_id} ended as {status} without a summary; the ServerApp's "
-                                      f"log: {log}\n{_tail(log.read_text())}")  # fmt: skip
+                                      f"log: {log} (its last line: {last_line(log.read_text())!r})")  # fmt: skip
                 next_status = time.monotonic() + STATUS_EVERY_S
             time.sleep(0.3)
 
 
-def _tail(text: str, lines: int = 15) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
+def last_line(text: str) -> str:
+    """The log's last line that says something: an error is one line, and the log holds the rest."""
+    return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
 
 
 def ended(run_dir: Path) -> dict[str, Any] | None:
