@@ -43,7 +43,6 @@ every cell, e.g. a short budget; they may not touch a key the grid, the cells or
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import math
@@ -72,7 +71,7 @@ from fedsim.config import THREADS_PER_CPU, RunConfig, format_validation_error, l
 from fedsim.engines.layout import choose_layout, usable_cores
 from fedsim.errors import ERROR_FILE_ENV, ConfigError, FedsimError, TrainingError, brief
 from fedsim.experiment import resolve
-from fedsim.names import MAX_NAME, NAME_RULE, is_name, printable
+from fedsim.names import NAME_RULE, cut, is_name, printable
 from fedsim.processes import die_with_parent, signals_ignored, sigterm_as_interrupt, stop_tree
 from fedsim.reading import SUMMARY_BYTES, read_text
 from fedsim.rundir import CHECKPOINT, NOT_LEARNING, SUMMARY, atomic_write, claimed, flatten, make_dir, read_summary
@@ -214,9 +213,7 @@ def cell_name(overrides: dict[str, Any]) -> str:
             leaf = parents[-1]
         parts.append(f"{leaf}={value}")
     name = ",".join(parts).translate({ord("/"): "_", ord("\\"): "_", ord("\0"): "_", ord(" "): None})
-    if len(name) > MAX_NAME:  # a long swept value (a list of layer widths): still one name, still unique
-        name = f"{name[: MAX_NAME - 9]}~{hashlib.sha256(name.encode()).hexdigest()[:8]}"
-    return name
+    return cut(name)  # a long swept value (a list of layer widths): still one name, still unique
 
 
 def expand(sweep: SweepFile) -> list[dict[str, Any]]:
