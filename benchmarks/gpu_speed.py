@@ -1,0 +1,81 @@
+"""The paper's 1-class cell on a GPU, one client at a time and ``simulation.vmap_clients``, against the CPU.
+
+    python benchmarks/gpu_speed.py                        # FedAvg, 200 rounds on the GPU, 20 on the CPU
+    python benchmarks/gpu_speed.py --norm ln --rounds 100  # FedLN
+
+Runs configs/cifar10_1class_fedavg.yaml (CIFAR-10 q75, 10 clients, 10 local steps of batch 32, a
+checkpoint every 50 rounds) with ``fedsim run`` in three layouts on the same machine, one after the other:
+the CPU (inline, one torch thread per core), CUDA one client at a time, CUDA with ``vmap_clients: 10``.
+s/round is the slope of the run's clock between its first and last evaluation (``metrics.jsonl``'s
+``time_s``, four evaluations a run), so it counts training, evaluation and checkpoints as a long run pays
+them, and not start-up; "10,000 rounds" is that slope times 10,000. The ratio is against the CPU row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "cifar10_1class_fedavg.yaml"
+ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+EVALUATIONS = 4  # per run: the slope spans the last three intervals
+
+
+def layouts(cores: int, vmap: int) -> dict[str, list[str]]:
+    return {
+        f"CPU, inline, {cores} threads": ["simulation.backend=inline", f"simulation.threads={cores}"],
+        "CUDA, one client at a time": ["simulation.device=cuda"],
+        f"CUDA, vmap_clients: {vmap}": ["simulation.device=cuda", f"simulation.vmap_clients={vmap}"],
+    }
+
+
+def timed_run(overrides: list[str], rounds: int, run_dir: Path) -> tuple[float, float]:
+    """(s/round between the first and last evaluation, client-mean accuracy at the end) of one ``fedsim run``."""
+    every = max(1, rounds // EVALUATIONS)
+    sets = [f"train.rounds={every * EVALUATIONS}", f"eval.every={every}", f"output.run_dir={run_dir}",
+            "output.progress=false", *overrides]  # fmt: skip
+    subprocess.run(["fedsim", "run", str(CONFIG), "--set", *sets], check=True, env={**os.environ, **ENV},
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "time_s" in r]
+    slope = (rows[-1]["time_s"] - rows[0]["time_s"]) / (rows[-1]["round"] - rows[0]["round"])
+    return slope, rows[-1]["client_mean_acc"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=200, help="rounds of each GPU run")
+    parser.add_argument("--cpu-rounds", type=int, default=20, help="rounds of the CPU run (several times slower)")
+    parser.add_argument("--norm", default="none", help="model.norm: none is FedAvg's cell, ln FedLN's")
+    parser.add_argument("--vmap", type=int, default=10, help="simulation.vmap_clients of the vmapped row")
+    parser.add_argument("--data-root", help="data.root, where the config's relative path does not reach the data")
+    args = parser.parse_args()
+    common = [f"model.norm={args.norm}"] + ([f"data.root={args.data_root}"] if args.data_root else [])
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fedsim-gpu-speed-") as tmp:
+        for i, (name, overrides) in enumerate(layouts(os.cpu_count() or 1, args.vmap).items()):
+            rounds = args.cpu_rounds if i == 0 else args.rounds
+            slope, acc = timed_run([*common, *overrides], rounds, Path(tmp) / str(i))
+            rows.append((name, rounds, slope, acc))
+
+    table = Table(title=f"{CONFIG.name}, model.norm={args.norm}")
+    for column in ("layout", "rounds", "s / round", "× the CPU", "10,000 rounds", "client-mean acc"):
+        table.add_column(column, justify="left" if column == "layout" else "right")
+    cpu = rows[0][2]
+    for name, rounds, slope, acc in rows:
+        table.add_row(name, str(rounds), f"{slope:.3f}", f"{cpu / slope:.2f}", f"{slope * 10_000 / 3600:.2f} h",
+                      f"{acc:.2%}")  # fmt: skip
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
