@@ -128,6 +128,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"fedsim: error: {self.prog.removeprefix('fedsim ')}: {message} (see {self.prog} --help)\n")
 
 
+def _add_overrides(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--set KEY=VALUE ...``; given twice, the lists add up (``--set a=1 --set b=2`` sets both)."""
+    parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help=help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fedsim", description="Federated learning on label-skewed data.")
     parser.add_argument(
@@ -137,9 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run one experiment from a YAML config")
     run.add_argument("config", nargs="?", help="path to the YAML config")
-    run.add_argument(
-        "--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config values, e.g. train.rounds=5"
-    )
+    _add_overrides(run, "override config values, e.g. train.rounds=5")
     run.add_argument(
         "--resume",
         metavar="RUN_DIR",
@@ -153,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument(
         "config", nargs="?", help="path to the YAML config (its deploy: section: address, port, tls, auth)"
     )
-    dep.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config values")
+    _add_overrides(dep, "override config values")
     dep.add_argument(
         "--resume",
         metavar="RUN_DIR",
@@ -169,18 +172,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--superlink-host", default="superlink", help="how SuperNodes reach the SuperLink (a host name across hosts)"
     )
     comp.add_argument("--node-memory", default=None, help="memory limit per SuperNode, e.g. 4g")
-    comp.add_argument("--tls-host", nargs="+", default=[], help="extra names for the generated TLS certificate")
-    comp.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config values")
+    comp.add_argument(
+        "--tls-host", nargs="+", action="extend", default=[], help="extra names for the generated TLS certificate"
+    )
+    _add_overrides(comp, "override config values")
     comp.set_defaults(func=_cmd_compose)
     sweep = sub.add_parser("sweep", help="run every cell of a sweep file (skips finished runs)")
     sweep.add_argument("sweep", help="path to the sweep YAML")
     sweep.add_argument("--parallel", type=int, default=None, help="runs at once (default: the file's)")
-    sweep.add_argument(
-        "--set",
-        nargs="+",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override every cell after the file's `set`, e.g. a short budget: train.rounds=20 eval.every=10",
+    _add_overrides(
+        sweep, "override every cell after the file's `set`, e.g. a short budget: train.rounds=20 eval.every=10"
     )
     sweep.add_argument(
         "--output", default=None, metavar="DIR", help="parent of the sweep directory (default: the file's output)"
@@ -223,10 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--client", type=int, required=True, metavar="K", help="the client (partition id) to train")
     local.add_argument("--steps", type=int, required=True, metavar="S", help="local SGD steps to take")
     local.add_argument("--every", type=int, default=1, metavar="E", help="evaluate every E steps (default 1)")
-    local.add_argument(
-        "--set", nargs="+", default=[], metavar="KEY=VALUE",
-        help="change the run's config for the local training, e.g. model.norm=fn (LN-FL Fig. 2) or train.lr=0.1",
-    )  # fmt: skip
+    _add_overrides(
+        local, "change the run's config for the local training, e.g. model.norm=fn (LN-FL Fig. 2) or train.lr=0.1"
+    )
     local.set_defaults(func=_cmd_local)
     lst = sub.add_parser("list", help="list strategies, normalisers, models, datasets, partitioners")
     lst.add_argument("kind", nargs="?", help="one kind only")

@@ -66,6 +66,39 @@ def test_bad_config_is_one_clear_message(
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("metrics.jsonl"))
 
 
+@pytest.mark.parametrize(
+    "head",
+    [["run", "c.yaml"], ["deploy", "c.yaml"], ["compose", "c.yaml"], ["sweep", "s.yaml"],
+     ["local", "r", "--client", "0", "--steps", "1"]],  # fmt: skip
+)
+def test_set_given_twice_adds_up(head: list[str]) -> None:
+    """``--set a=1 --set b=2`` sets both: argparse's default for an option given twice is the last list alone,
+    which silently dropped ``a=1``."""
+    from fedsim.cli import build_parser
+
+    args = build_parser().parse_args([*head, "--set", "train.rounds=1", "eval.every=1", "--set", "seed=3"])
+    assert args.set == ["train.rounds=1", "eval.every=1", "seed=3"]
+
+
+def test_set_given_twice_runs_with_both(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_config(tmp_path, small_config(tmp_path))
+    run_dir = tmp_path / "two-sets"
+    argv = ["run", str(path), "--set", "train.rounds=1", "eval.every=1", "--set", f"output.run_dir={run_dir}"]
+    assert main(argv) == 0
+    rounds = [json.loads(line)["round"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rounds[-1] == 1  # train.rounds=1 from the first --set held; the run dir came from the second
+    code = main(["run", str(path), "--set", "train.rounds=1", "--set", "train.rounds=2"])
+    assert code == 2
+    assert "--set train.rounds is given twice ('1', then '2')" in capsys.readouterr().err
+
+
+def test_compose_tls_host_given_twice_adds_up() -> None:
+    from fedsim.cli import build_parser
+
+    args = build_parser().parse_args(["compose", "c.yaml", "--tls-host", "a.example", "--tls-host", "b.example"])
+    assert args.tls_host == ["a.example", "b.example"]
+
+
 def test_missing_data_path_says_where_it_looked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_config(tmp_path, small_config(tmp_path, data={"root": "nowhere/mnist.npz"}))
     code, err = run_cli(capsys, path)
