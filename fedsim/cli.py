@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 
 # only light modules here: main() takes SIGTERM over before the heavy ones load (pydantic, torch, Ray)
 from fedsim.errors import DEBUG_ENV, ERROR_FILE_ENV, ChildExit, ConfigError, FedsimError
+from fedsim.paths import home_expanded
 from fedsim.processes import sigterm_as_interrupt, sigterm_raised
 
 
@@ -121,8 +122,35 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+class _StoreOnce(argparse._StoreAction):
+    """argparse's ``store``, refusing an option given twice: argparse would keep the last value silently
+    (``--target 0.5 --target 0.9``, ``--out a --out b``), a value the user typed lost without a word."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        given = namespace.__dict__.setdefault("_given", {})
+        if option_string is not None and self.dest in given:
+            raise argparse.ArgumentError(self, f"given twice ({given[self.dest]}, then {values}): give it once")
+        given[self.dest] = values
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _path(value: str) -> str:
+    """A path argument, ``~`` expanded as in every path fedsim takes (:func:`fedsim.paths.home_expanded`); an
+    empty one (an unset shell variable) is refused rather than read as the current directory."""
+    if not value:
+        raise argparse.ArgumentTypeError("an empty path: give a file or directory (. for the current directory)")
+    return home_expanded(value)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, with a bad argument reported as fedsim reports every error: one line, status 2."""
+    """argparse, with a bad argument reported as fedsim reports every error: one line, status 2; an option
+    that takes one value may be given once (:class:`_StoreOnce`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"fedsim: error: {self.prog.removeprefix('fedsim ')}: {message} (see {self.prog} --help)\n")
@@ -141,10 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run one experiment from a YAML config")
-    run.add_argument("config", nargs="?", help="path to the YAML config")
+    run.add_argument("config", nargs="?", type=_path, help="path to the YAML config")
     _add_overrides(run, "override config values, e.g. train.rounds=5")
     run.add_argument(
         "--resume",
+        type=_path,
         metavar="RUN_DIR",
         default=None,
         help="continue an interrupted run from its last checkpoint (output.checkpoint_every), to the same result",
@@ -154,20 +183,21 @@ def build_parser() -> argparse.ArgumentParser:
         "deploy", help="run one experiment on a real Flower SuperLink + one SuperNode per client, on this host"
     )
     dep.add_argument(
-        "config", nargs="?", help="path to the YAML config (its deploy: section: address, port, tls, auth)"
+        "config", nargs="?", type=_path, help="path to the YAML config (its deploy: section: address, port, tls, auth)"
     )
     _add_overrides(dep, "override config values")
     dep.add_argument(
         "--resume",
+        type=_path,
         metavar="RUN_DIR",
         default=None,
         help="continue a deployed run whose SuperLink, ServerApp or launcher was killed, from its last checkpoint",
     )
     dep.set_defaults(func=_cmd_deploy)
     comp = sub.add_parser("compose", help="write a Docker Compose project: SuperLink, N SuperNodes, submit")
-    comp.add_argument("config", help="path to the YAML config")
+    comp.add_argument("config", type=_path, help="path to the YAML config")
     comp.add_argument("--nodes", type=int, default=None, help="SuperNodes (= train.num_clients; default the config's)")
-    comp.add_argument("--out", default=None, help="the project directory (default compose-<name>)")
+    comp.add_argument("--out", type=_path, default=None, help="the project directory (default compose-<name>)")
     comp.add_argument(
         "--superlink-host", default="superlink", help="how SuperNodes reach the SuperLink (a host name across hosts)"
     )
@@ -178,20 +208,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_overrides(comp, "override config values")
     comp.set_defaults(func=_cmd_compose)
     sweep = sub.add_parser("sweep", help="run every cell of a sweep file (skips finished runs)")
-    sweep.add_argument("sweep", help="path to the sweep YAML")
+    sweep.add_argument("sweep", type=_path, help="path to the sweep YAML")
     sweep.add_argument("--parallel", type=int, default=None, help="runs at once (default: the file's)")
     _add_overrides(
         sweep, "override every cell after the file's `set`, e.g. a short budget: train.rounds=20 eval.every=10"
     )
     sweep.add_argument(
-        "--output", default=None, metavar="DIR", help="parent of the sweep directory (default: the file's output)"
+        "--output",
+        type=_path,
+        default=None,
+        metavar="DIR",
+        help="parent of the sweep directory (default: the file's output)",
     )
     sweep.set_defaults(func=_cmd_sweep)
     report = sub.add_parser("report", help="results table (Markdown, CSV) and accuracy plot of a sweep")
-    report.add_argument("dir", help="a sweep directory (or any directory holding run directories)")
+    report.add_argument("dir", type=_path, help="a sweep directory (or any directory holding run directories)")
     report.add_argument("--target", type=float, default=0.5, help="accuracy for 'rounds to target'")
     report.add_argument(
-        "--out", "-o", default=None, help="where the report goes (default: DIR; a new directory or one of fedsim's)"
+        "--out",
+        "-o",
+        type=_path,
+        default=None,
+        help="where the report goes (default: DIR; a new directory or one of fedsim's)",
     )
     report.add_argument(
         "--vs", metavar="KEY", default=None,
@@ -199,9 +237,11 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     report.set_defaults(func=_cmd_report)
     plot = sub.add_parser("plot", help="PNGs of runs: accuracy per round, label distribution, feature spectrum")
-    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (or directories holding them)")
     plot.add_argument(
-        "--out", "-o", default=None,
+        "run_dirs", nargs="+", type=_path, metavar="RUN_DIR", help="run directories (or directories holding them)"
+    )
+    plot.add_argument(
+        "--out", "-o", type=_path, default=None,
         help="where the PNGs go: a new directory or one of fedsim's (default: the RUN_DIR if one, else the current "
         "directory)",
     )  # fmt: skip
@@ -220,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue one client of a finished run alone (LN-FL Figs. 2-3): accuracy on its own and on the "
         "other classes, feature diagnostics, into RUN_DIR/local-<k>/",
     )
-    local.add_argument("run_dir", metavar="RUN_DIR", help="a finished run (its config.yaml and model.pt)")
+    local.add_argument("run_dir", type=_path, metavar="RUN_DIR", help="a finished run (its config.yaml and model.pt)")
     local.add_argument("--client", type=int, required=True, metavar="K", help="the client (partition id) to train")
     local.add_argument("--steps", type=int, required=True, metavar="S", help="local SGD steps to take")
     local.add_argument("--every", type=int, default=1, metavar="E", help="evaluate every E steps (default 1)")

@@ -15,22 +15,34 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
 from fedsim.errors import ConfigError, brief, one_line
 from fedsim.names import NAME_RULE, is_name, printable
 from fedsim.ownership import unusable
-from fedsim.paths import package_path, resolve_path
+from fedsim.paths import home_expanded, package_path, resolve_path
 from fedsim.reading import CONFIG_BYTES, check_source, read_text
 from fedsim.registry import Float32Options, all_floats, number_as_text
 
 
 class DeprecatedConfig(FutureWarning):
     """A config form fedsim still reads but will stop reading; the message names the new form."""
+
+
+# a path in a config or sweep file that fedsim writes to or reads as given: ~ is the home directory
+HomePath = Annotated[str, AfterValidator(home_expanded)]
 
 
 class _Strict(Float32Options):
@@ -242,8 +254,8 @@ class SimulationConfig(_Strict):
 
 
 class OutputConfig(_Strict):
-    dir: str = Field("runs", description="parent of the run directories")
-    run_dir: str | None = Field(None, description="exact run directory (default <dir>/<name>-<time>)")
+    dir: HomePath = Field("runs", description="parent of the run directories")
+    run_dir: HomePath | None = Field(None, description="exact run directory (default <dir>/<name>-<time>)")
     trackers: list[PluginBlock] = Field(
         default_factory=list,
         description="experiment trackers that also get the config, every round's numbers and the run's files: "
@@ -278,9 +290,9 @@ class OutputConfig(_Strict):
 class CertificatesConfig(_Strict):
     """PEM files for TLS: the CA that signed the SuperLink's certificate, the certificate and its key."""
 
-    ca: str
-    cert: str
-    key: str
+    ca: HomePath
+    cert: HomePath
+    key: HomePath
 
 
 class DeployConfig(_Strict):

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PACKAGE_PREFIX = "fedsim:"
+
+
+def home_expanded(value: str) -> str:
+    """A path as fedsim takes every path it is given (config files, sweep files, arguments): ``~`` and
+    ``~user`` at its start are the home directory, as a shell makes them (which it does not in a config file,
+    in quotes or after ``--out=``); without this, a directory named ``~`` appears in the working directory."""
+    return os.path.expanduser(value)
 
 
 def resolve_path(value: str, base: Path) -> str:

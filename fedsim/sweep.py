@@ -67,7 +67,7 @@ from pydantic import (
     model_validator,
 )
 
-from fedsim.config import THREADS_PER_CPU, RunConfig, format_validation_error, load_config, read_yaml
+from fedsim.config import THREADS_PER_CPU, HomePath, RunConfig, format_validation_error, load_config, read_yaml
 from fedsim.engines.layout import choose_layout, usable_cores
 from fedsim.errors import ERROR_FILE_ENV, ConfigError, FedsimError, TrainingError, brief
 from fedsim.experiment import resolve
@@ -104,7 +104,7 @@ class RaySweep(_SweepSection):
 class SweepFile(_SweepSection):
     base: str = Field(description="the base run config, relative to the sweep file")
     name: str | None = None
-    output: str = "runs/sweeps"
+    output: HomePath = "runs/sweeps"
     set: dict[str, Any] = Field(default_factory=dict)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     cells: list[dict[str, Any]] = Field(default_factory=list)

@@ -99,6 +99,104 @@ def test_compose_tls_host_given_twice_adds_up() -> None:
     assert args.tls_host == ["a.example", "b.example"]
 
 
+def _single_value_options() -> list[tuple[str, str, str, str]]:
+    """(command, option, a value, another value) for every option of every command that takes one value."""
+    import argparse
+
+    from fedsim.cli import build_parser
+
+    values = {int: ("1", "2"), float: ("0.5", "0.9")}
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return [
+        (command, action.option_strings[0], *values.get(action.type, ("a", "b")))  # type: ignore[arg-type]
+        for command, parser in sub.choices.items()
+        for action in parser._actions
+        if action.option_strings and isinstance(action, argparse._StoreAction) and action.nargs is None
+    ]
+
+
+def test_every_option_taking_one_value_is_checked_here() -> None:
+    options = {(command, option) for command, option, *_ in _single_value_options()}
+    assert {("report", "--target"), ("report", "--out"), ("plot", "--out"), ("local", "--client")} <= options
+    assert {("run", "--resume"), ("sweep", "--output"), ("sweep", "--parallel"), ("compose", "--nodes")} <= options
+    assert len(options) >= 15
+
+
+@pytest.mark.parametrize(("command", "option", "first", "second"), _single_value_options())
+def test_an_option_taking_one_value_given_twice_is_refused(
+    capsys: pytest.CaptureFixture[str], command: str, option: str, first: str, second: str
+) -> None:
+    """argparse keeps the last of ``--target 0.5 --target 0.9`` (``--out a --out b``) and drops the first in
+    silence, as ``--set`` given twice did: the user's first value is lost without a word."""
+    from fedsim.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([command, "x", option, first, option, second])
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"fedsim: error: {command}: argument {option}")
+    assert f": given twice ({first}, then {second}): give it once (see fedsim {command} --help)" in line
+
+
+def test_a_path_starting_with_a_tilde_is_in_the_home_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``~`` in a config or sweep file's path, or in an argument the shell left alone (``--out=~/x``, quoted),
+    is the home directory, as data.root's and data.cache_dir's always were: it made a directory named ``~``
+    in the working directory, and a certificate at ``~/ca.pem`` was 'no file at ~/ca.pem'."""
+    import yaml
+
+    from fedsim.sweep import plan
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    path = write_config(tmp_path, small_config(tmp_path))
+    assert main(["run", str(path), "--set", "train.rounds=1", "eval.every=1", "output.run_dir=~/rd"]) == 0
+    assert (home / "rd" / "summary.json").is_file()
+    assert main(["report", "~/rd", "--out=~/report"]) == 0
+    assert (home / "report" / "results.md").is_file()
+    assert main(["plot", "~/rd", "--out", "~/plots"]) == 0
+    assert (home / "plots" / "accuracy.png").is_file()
+    assert not (work / "~").exists()
+    for name in ("ca.pem", "cert.pem", "key.pem"):
+        (home / name).write_text("PEM")
+    certs = "deploy.certificates={ca: ~/ca.pem, cert: ~/cert.pem, key: ~/key.pem}"
+    cfg = load_config(path, ["output.dir=~/runs", "deploy.tls=true", certs])
+    assert cfg.output.dir == str(home / "runs") and cfg.deploy.certificates is not None
+    assert [cfg.deploy.certificates.ca, cfg.deploy.certificates.key] == [str(home / "ca.pem"), str(home / "key.pem")]
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"base": str(path), "name": "s", "output": "~/sweeps", "grid": {"seed": [0]}}))
+    assert plan(sweep)[0] == home / "sweeps" / "s"
+    capsys.readouterr()
+
+
+def test_an_empty_path_argument_is_refused_not_read_as_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unset shell variable (``fedsim report "$DIR"``) is an empty path, which Python reads as ``.``: fedsim
+    reported, plotted or resumed the working directory, or wrote into it."""
+    monkeypatch.chdir(tmp_path)
+    cases = {
+        ("run", "--resume", ""): "run: argument --resume",
+        ("report", ""): "report: argument dir",
+        ("report", ".", "--out", ""): "report: argument --out/-o",
+        ("plot", ".", "", "--out", "p"): "plot: argument RUN_DIR",
+        ("local", "", "--client", "0", "--steps", "1"): "local: argument RUN_DIR",
+        ("sweep", ""): "sweep: argument sweep",
+        ("sweep", "s.yaml", "--output", ""): "sweep: argument --output",
+        ("compose", "c.yaml", "--out", ""): "compose: argument --out",
+    }
+    for argv, argument in cases.items():
+        with pytest.raises(SystemExit) as exit_:
+            main(list(argv))
+        assert exit_.value.code == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"fedsim: error: {argument}: an empty path: give a file or directory"), line
+    assert not list(tmp_path.iterdir())
+
+
 def test_missing_data_path_says_where_it_looked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_config(tmp_path, small_config(tmp_path, data={"root": "nowhere/mnist.npz"}))
     code, err = run_cli(capsys, path)
