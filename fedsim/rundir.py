@@ -436,7 +436,15 @@ def read_run(path: str | Path) -> dict[str, Any]:
     rounds = summary["rounds"] if summary is not None else config.get("train.rounds")
     # a config.yaml edited to text: the bound is unknown, the line still checked otherwise
     last = rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None
-    return {"dir": path, "config": config, "summary": summary, "metrics": read_metrics(path, last=last)}
+    metrics = read_metrics(path, last=last)
+    if summary is not None and not metrics:
+        # a finished run has evaluated its last round at least: its metrics were lost (a partial copy), and a
+        # report or plot showed its summary with no curve, and no curve at all for the seeds averaged with it
+        raise FedsimError(
+            f"{path}: a finished run of {summary['rounds']} rounds (summary.json) whose metrics.jsonl is empty or "
+            "missing: restore the whole run directory, or move it out of the directories given"
+        )
+    return {"dir": path, "config": config, "summary": summary, "metrics": metrics}
 
 
 # Config keys that do not change what a run learns: reports, sweeps and resume ignore them

@@ -342,6 +342,12 @@ CASES: dict[str, Case] = {
     "report-no-runs": Case(("report", "{tmp}"), ("no finished runs (summary.json)",)),
     "report-corrupt-summary": Case(("report", "{tmp}"), ("summary.json", "not readable"), setup="corrupt_summary"),
     "report-corrupt-metrics": Case(("report", "{tmp}"), ("metrics.jsonl, line 2",), setup="corrupt_metrics"),
+    # a finished run whose metrics were lost: its seed group's curve vanished from accuracy.png in silence
+    "report-metrics-missing": Case(
+        ("report", "{tmp}", "--out", "{tmp}/out"),
+        ("rd: a finished run of 2 rounds (summary.json)", "metrics.jsonl is empty or missing", "move it out"),
+        setup="metrics_missing",
+    ),
     "report-target-nan": Case(("report", "{tmp}", "--target", "nan"), ("--target nan", "(0, 1]")),
     "report-target-above-one": Case(("report", "{tmp}", "--target", "2"), ("--target 2.0",)),
     "report-target-text": Case(("report", "{tmp}", "--target", "high"), ("--target", "invalid float")),
@@ -371,6 +377,11 @@ CASES: dict[str, Case] = {
     "plot-corrupt-partition": Case(
         ("plot", "{tmp}/rd"), ("partition.csv", "not the partition table"), setup="corrupt_partition"
     ),  # fmt: skip
+    "plot-metrics-empty": Case(
+        ("plot", "{tmp}/rd", "--out", "{tmp}/out"),
+        ("rd: a finished run of 2 rounds", "metrics.jsonl is empty or missing"),
+        setup="metrics_empty",
+    ),
     "plot-out-theirs": Case(
         ("plot", "{tmp}/rd", "--out", "{tmp}"), ("is not fedsim's", "give another --out"), setup="finished_run"
     ),  # fmt: skip
@@ -600,6 +611,14 @@ def _corrupt_summary(tmp: Path) -> None:
 def _corrupt_metrics(tmp: Path) -> None:
     path = _run_dir(tmp) / "metrics.jsonl"
     path.write_text(path.read_text().splitlines()[0] + "\n{not json\n")
+
+
+def _metrics_missing(tmp: Path) -> None:
+    (_run_dir(tmp) / "metrics.jsonl").unlink()
+
+
+def _metrics_empty(tmp: Path) -> None:
+    (_run_dir(tmp) / "metrics.jsonl").write_text("")
 
 
 def _corrupt_partition(tmp: Path) -> None:
