@@ -622,6 +622,19 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     return cfg
 
 
+def read_run_config(path: Path, overrides: list[str] | None = None) -> RunConfig:
+    """A run directory's ``config.yaml``, with ``overrides``: an error names the file, which its reader did not
+    write (a run directory of another fedsim version's layout, or edited) and could not tell from the message."""
+    raw = read_yaml(path, "the run's config.yaml") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    raw = apply_overrides(raw, overrides or [])
+    try:
+        return parse_config(raw)
+    except ConfigError as err:
+        raise ConfigError(f"{path}{' with --set' if overrides else ''}: {err}") from err
+
+
 def parse_config(raw: dict[str, Any]) -> RunConfig:
     """Validate a config mapping's sections (plugin options: :func:`fedsim.experiment.resolve`)."""
     try:

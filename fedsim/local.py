@@ -31,7 +31,7 @@ from pydantic import Field
 from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.client.runtime import ClientRuntime, round_seed
 from fedsim.client.training import ClientRound, train_local
-from fedsim.config import MAX_LOCAL_STEPS, RunConfig, apply_overrides, parse_config, read_yaml
+from fedsim.config import MAX_LOCAL_STEPS, RunConfig, read_run_config
 from fedsim.data.fingerprint import DATA_FINGERPRINT, check_same_data
 from fedsim.diagnostics import ProbeDiagnostics, probe_images
 from fedsim.engines.layout import torch_threads
@@ -107,10 +107,7 @@ def finished_run_config(
             f"(fedsim run --resume {run_dir}), with output.save_model: true"
         )
     check_overrides(overrides or [])
-    raw = read_yaml(run_dir / "config.yaml", "the run's config.yaml") or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{run_dir / 'config.yaml'}: the top level must be a mapping of sections")
-    cfg = parse_config(apply_overrides(raw, overrides or []))
+    cfg = read_run_config(run_dir / "config.yaml", overrides)
     n = cfg.train.num_clients
     if not 0 <= client < n:
         raise ConfigError(f"--client {client} is out of range; allowed 0..{n - 1} (the run's train.num_clients)")

@@ -40,6 +40,7 @@ def run(*overrides: str, expect: tuple[str, ...], **kwargs: Any) -> Case:
     return Case(("run", "{cfg}", *(("--set", *overrides) if overrides else ())), expect, **kwargs)
 
 
+LAYOUT = ("rd/config.yaml: 2 errors: (1) data: Field required; (2) dataset: unknown key",)
 CASES: dict[str, Case] = {
     # --- the run's name, seed and engine
     "name-root": run("name=/", expect=("name = '/'", "directory name", "output.run_dir")),
@@ -299,6 +300,10 @@ CASES: dict[str, Case] = {
     "resume-corrupt-checkpoint": Case(
         ("run", "--resume", "{tmp}/rd"), ("not a readable fedsim checkpoint",), setup="checkpointed_run", creates=True
     ),
+    # a run directory's config.yaml that does not validate: the message named a field, not the file
+    "resume-another-layout": Case(
+        ("run", "--resume", "{tmp}/rd"), LAYOUT, setup="another_layout_checkpoint"
+    ),
     # --- fedsim sweep
     "sweep-missing": Case(("sweep", "{tmp}/none.yaml"), ("sweep file not found",)),
     "sweep-a-directory": Case(("sweep", "{tmp}"), ("a directory, not a YAML file",)),
@@ -366,6 +371,10 @@ CASES: dict[str, Case] = {
     ),
     "local-every-zero": Case(("local", "{tmp}", "--client", "0", "--steps", "2", "--every", "0"), ("--every 0",)),
     "local-client-text": Case(("local", "{tmp}", "--client", "one", "--steps", "2"), ("--client", "invalid int")),
+    "local-another-layout": Case(
+        ("local", "{tmp}/rd", "--client", "0", "--steps", "5"), LAYOUT,
+        setup="another_layout_run",
+    ),
     "local-unfinished": Case(
         ("local", "{tmp}/rd", "--client", "0", "--steps", "5"), ("not a finished run", "--resume"), setup="killed_run"
     ),  # fmt: skip
@@ -590,6 +599,18 @@ def _checkpointed_run(tmp: Path) -> None:
     run_dir = _run_dir(tmp)
     (run_dir / "summary.json").unlink()
     (run_dir / "checkpoint.pt").write_bytes(b"half a checkpoint")
+
+
+def _another_layout_run(tmp: Path) -> None:
+    """A finished run's files, and a checkpoint, beside a config.yaml of a layout fedsim does not read."""
+    run_dir = _run_dir(tmp)
+    (run_dir / "checkpoint.pt").write_bytes(b"a checkpoint")
+    (run_dir / "config.yaml").write_text("dataset: mnist\ntrain: {rounds: 2}\n")
+
+
+def _another_layout_checkpoint(tmp: Path) -> None:
+    _another_layout_run(tmp)
+    (tmp / "rd" / "summary.json").unlink()
 
 
 def _tb_file(tmp: Path) -> None:

@@ -34,7 +34,7 @@ from flwr.serverapp import Grid
 
 from fedsim import wire
 from fedsim.arrays import array_view, to_array_record
-from fedsim.config import RunConfig, parse_config, read_yaml
+from fedsim.config import RunConfig, read_run_config
 from fedsim.data.fingerprint import DATA_FINGERPRINT, check_same_data
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.integrity import digest, read_torch, verify
@@ -168,10 +168,7 @@ def resume_config(run_dir: str | Path) -> RunConfig:
         raise ConfigError(f"{path}: not a run directory (no config.yaml)")
     if (path / SUMMARY).is_file():
         raise FedsimError(f"{path}: the run already finished ({SUMMARY} exists); there is nothing to resume")
-    raw = read_yaml(config_path, "the run's config.yaml") or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{config_path}: the top level must be a mapping of sections")
-    cfg = parse_config(raw)
+    cfg = read_run_config(config_path)
     if not (path / CHECKPOINT).is_file():
         raise FedsimError(
             f"{path}: no {CHECKPOINT} to resume from; checkpoints are written every "
