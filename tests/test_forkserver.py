@@ -17,11 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedsim.client import runtime
 from fedsim.config import load_config
 from fedsim.deploy import clientapp_shim, forkserver
 from fedsim.deploy.supernode import start_fork_server
+from fedsim.evaluation import FORWARD_CHUNK
 from fedsim.processes import identity
 from tests.conftest import REPO
 
@@ -173,3 +175,24 @@ def test_the_server_builds_a_run_once_and_never_for_a_gpu() -> None:
         assert runtime.prepare.cache_info().currsize == 1
     finally:
         runtime.prepare.cache_clear()
+
+
+def test_warming_up_runs_both_shapes_and_changes_nothing_of_the_runtime() -> None:
+    """The fork server warms torch's kernels through a copy of the model (BN's running statistics would move
+    if it used the runtime's own), on the training batch's and an evaluation chunk's shapes, RNG untouched."""
+    from fedsim.client.runtime import ClientRuntime
+    from fedsim.experiment import resolve
+
+    cfg = load_config(REPO / "configs" / "quickstart.yaml", ["simulation.threads=1", "model.norm=bn"])
+    rt = ClientRuntime(resolve(cfg))
+    shapes: list[tuple[int, ...]] = []
+    rt.model.register_forward_hook(lambda module, args, out: shapes.append(tuple(args[0].shape)))
+    before = {k: v.clone() for k, v in rt.model.state_dict().items()}
+    rng = torch.get_rng_state()
+    rt.warm_up()
+    in_shape = tuple(rt.fed.dataset.in_shape)
+    assert shapes == [(cfg.train.batch_size, *in_shape), (min(cfg.eval.batch_size, FORWARD_CHUNK), *in_shape)]
+    after = rt.model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in rt.model.parameters())
+    assert torch.equal(torch.get_rng_state(), rng)

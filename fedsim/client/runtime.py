@@ -25,7 +25,7 @@ from fedsim.client.training import ClientRound, TrainResult, train_local
 from fedsim.config import RunConfig
 from fedsim.data.batches import BatchStream
 from fedsim.engines.layout import torch_threads
-from fedsim.evaluation import evaluate
+from fedsim.evaluation import FORWARD_CHUNK, evaluate
 from fedsim.experiment import Experiment, resolve
 from fedsim.federation import Federation
 from fedsim.models import FedsimModel
@@ -66,6 +66,20 @@ class ClientRuntime:
         self._optimizers: dict[int, LocalSgd] = {}
         self._clients: dict[int, ClientData] = {}
         self.to_inputs = self.fed.input_transform(cfg.data.normalize)
+
+    def warm_up(self) -> None:
+        """A training step's forward and backward and an evaluation chunk's forward, on zeros, through a copy of
+        the model: torch's kernels for these shapes and its allocator's pools are set up, nothing of the runtime
+        changes (its model, the global RNG). A SuperNode's fork server runs it once, so that the processes it
+        forks start with them instead of setting them up for every Message."""
+        shape = self.fed.dataset.in_shape
+        model = copy.deepcopy(self.model)
+        with torch.random.fork_rng(devices=[]):
+            model.train()
+            model(torch.zeros(self.cfg.train.batch_size, *shape, device=self.device)).sum().backward()
+            model.eval()
+            with torch.no_grad():
+                model(torch.zeros(min(self.cfg.eval.batch_size, FORWARD_CHUNK), *shape, device=self.device))
 
     def data(self, pid: int) -> ClientData:
         """Client ``pid``'s train and test slices on the training device, cut once."""

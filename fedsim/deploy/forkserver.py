@@ -105,14 +105,15 @@ def run_task(argv: list[str], fds: list[int], announce: socket.socket, server: i
 
 
 def warm(config_json: bytes) -> None:
-    """Build the runtime for a run config a child announced, so that later children inherit it."""
+    """Build the runtime for a run config a child announced, and warm its kernels, so that later children
+    inherit both."""
     from fedsim.client import runtime
 
     try:
         config = config_json.decode()
         if runtime.config_of(config).simulation.device != "cpu":
             return  # a CUDA context cannot cross a fork: each child builds its runtime on the GPU itself
-        runtime.prepare(config)
+        runtime.prepare(config).warm_up()
     except Exception as err:  # noqa: BLE001 (children build it themselves, and report what fails)
         print(f"fedsim fork server: not keeping this run's data warm: {err}", file=sys.stderr)
 
