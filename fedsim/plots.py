@@ -33,6 +33,7 @@ from fedsim.rundir import (
     read_metrics,
     read_partition,
     read_run,
+    resolved,
     runs_root,
     seed_groups,
     short_keys,
@@ -303,7 +304,7 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
     found: list[Path] = []
     for p in _directories(paths):
         found += [p] if (p / "config.yaml").exists() else sorted(c.parent for c in p.rglob("config.yaml"))
-    return list(dict.fromkeys(found))
+    return _once_each(found)
 
 
 def find_continuations(paths: list[str | Path]) -> list[Path]:
@@ -311,7 +312,16 @@ def find_continuations(paths: list[str | Path]) -> list[Path]:
     found: list[Path] = []
     for p in _directories(paths):
         found += sorted(c.parent for c in p.rglob(LOCAL_JSON))
-    return list(dict.fromkeys(found))
+    return _once_each(found)
+
+
+def _once_each(found: list[Path]) -> list[Path]:
+    """Each directory once, as first named: one given twice (``rd /abs/rd``, a symlink, a sweep and a run in
+    it) was drawn twice, or refused by --mean-over-seeds as two copies of one seed to move apart."""
+    first: dict[Path, Path] = {}
+    for path in found:
+        first.setdefault(resolved(path, "RUN_DIR"), path)
+    return list(first.values())
 
 
 def _directories(paths: list[str | Path]) -> list[Path]:

@@ -269,6 +269,20 @@ def test_runs_of_one_config_and_seed_are_refused_not_counted_as_seeds(
     assert not (tmp_path / "rep2" / "results.md").exists()
 
 
+def test_a_run_named_twice_is_one_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same run directory given again by another spelling (absolute, a symlink, the directory above it):
+    plot drew it twice, and with --mean-over-seeds refused it as two copies of seed 0 to move apart."""
+    from fedsim.plots import find_runs
+
+    run_dir = finished_run(tmp_path / "runs")
+    (tmp_path / "link").symlink_to(run_dir)
+    named = [str(run_dir), str(tmp_path / "runs"), str(tmp_path / "link"), f"{tmp_path}/runs/../runs/r"]
+    assert find_runs(named) == [run_dir]
+    assert main(["plot", *named, "--mean-over-seeds", "--out", str(tmp_path / "plots")]) == 0
+    assert (tmp_path / "plots" / "accuracy.png").is_file()
+    capsys.readouterr()
+
+
 def test_report_into_a_directory_it_cannot_write_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
