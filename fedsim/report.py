@@ -54,7 +54,7 @@ def table(runs: list[dict[str, Any]], target: float) -> tuple[list[str], list[li
     keys = varying_keys(runs)
     columns = (
         "seeds", "rounds", "final client-mean acc %", "best client-mean acc %", "final global acc %",
-        f"rounds to {100 * target:.0f}%", "feature erank",
+        f"rounds to {100 * target:g}%", "feature erank",  # --target 0.505 is 50.5%, not 50%
     )  # fmt: skip
     header = short_keys(keys, taken=columns) + list(columns[:-1])
     with_erank = any(m.get("feature_erank") is not None for r in runs for m in r["metrics"])

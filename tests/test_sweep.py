@@ -143,6 +143,18 @@ def test_report_columns_appear_once_each_named_by_as_much_of_the_key_as_tells_th
     ]
 
 
+def test_the_rounds_to_target_column_names_the_target_it_used() -> None:
+    """--target 0.505 was reported under 'rounds to 50%', beside runs that reached 50% and showed '-'."""
+    from fedsim.report import table
+
+    summary = {"rounds": 2, "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.5, "final_global_acc": 0.5}
+    runs = [{"config": {"seed": 0}, "summary": summary, "metrics": [{"round": 2, "client_mean_acc": 0.5}]}]
+    assert [table(runs, target)[0][-1] for target in (0.5, 0.505, 0.07, 1.0)] == [
+        "rounds to 50%", "rounds to 50.5%", "rounds to 7%", "rounds to 100%"
+    ]  # fmt: skip
+    assert [table(runs, target)[1][0][-1] for target in (0.5, 0.505)] == ["2", "-"]
+
+
 @pytest.mark.slow
 def test_sweep_on_ray_gives_the_same_runs(tmp_path: Path) -> None:
     import json
