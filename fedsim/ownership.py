@@ -24,6 +24,8 @@ MARKER = ".fedsim"
 RESULTS = "results"  # a directory of fedsim report's and fedsim plot's files
 # the fedsim directories that those files may join: where the runs they are drawn from live
 RESULTS_BESIDE = ("run", "sweep", "local continuation")
+# directories that never go inside a run directory (a run's own files and fedsim local's continuations do)
+NOT_IN_A_RUN = ("run", "sweep")
 
 
 def unusable(path: Path, field: str) -> ConfigError | None:
@@ -54,6 +56,8 @@ def check_own(path: Path, kind: str, field: str, beside: tuple[str, ...] = ()) -
     ``field``: the config field or argument that named it."""
     if error := unusable(path, field):
         raise error
+    if kind in NOT_IN_A_RUN:
+        check_not_in_a_run(path, field, itself=False)
     try:
         if not path.exists() or not any(path.iterdir()):
             return
@@ -70,6 +74,17 @@ def check_own(path: Path, kind: str, field: str, beside: tuple[str, ...] = ()) -
         f"{field} {path} is {what}: fedsim writes only into a new or empty directory or {ours}; give another "
         f"{field}, or empty that directory"
     )
+
+
+def check_not_in_a_run(path: Path, field: str, itself: bool = True) -> None:
+    """Refuse ``path`` (named by ``field``) for runs or a sweep where it is inside a fedsim run directory, or
+    (``itself``) is one: a run among another run's files was found with it by report and plot, as two copies
+    of one seed."""
+    where = path.absolute()
+    run = next((p for p in [*([where] if itself else []), *where.parents] if owner(p) == "run"), None)
+    if run is not None:
+        what = "a run directory" if run == where else f"inside the run directory {run}"
+        raise ConfigError(f"{field} {path} is {what}, which holds one run's files: give another {field}")
 
 
 def _only_fedsims(path: Path) -> bool:

@@ -18,6 +18,7 @@ from fedsim.errors import ConfigError
 from fedsim.experiment import Experiment, build_server, resolve
 from fedsim.federation import Federation
 from fedsim.models import FedsimModel
+from fedsim.ownership import check_not_in_a_run
 from fedsim.rundir import CHECKPOINT, check_fresh, claimed, make_dir, metrics_so_far, resolved
 from fedsim.server.strategy import ServerSetup, check_strategy
 from fedsim.trackers import resolve_trackers
@@ -104,6 +105,7 @@ def check_sizes(cfg: RunConfig, fed: Federation) -> None:
 
 def new_run_dir(parent: Path, name: str) -> Path:
     """``<parent>/<name>-<time>``, made now, with a suffix when another run took that name this second."""
+    check_not_in_a_run(parent, "output.dir")
     make_dir(parent, "output.dir")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for k in range(1, 1000):

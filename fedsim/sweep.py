@@ -72,6 +72,7 @@ from fedsim.engines.layout import choose_layout, usable_cores
 from fedsim.errors import ERROR_FILE_ENV, ConfigError, FedsimError, TrainingError, brief
 from fedsim.experiment import resolve
 from fedsim.names import NAME_RULE, cut, is_name, printable
+from fedsim.ownership import check_not_in_a_run
 from fedsim.processes import die_with_parent, signals_ignored, sigterm_as_interrupt, stop_tree
 from fedsim.reading import SUMMARY_BYTES, read_text
 from fedsim.rundir import CHECKPOINT, NOT_LEARNING, SUMMARY, atomic_write, claimed, flatten, make_dir, read_summary
@@ -289,6 +290,7 @@ def plan(
     if not is_name(name):  # a file's name (the default) may be too long for a directory's
         raise ConfigError(f"sweep file {path}: its name {brief(name)} is not a directory name: set name: in the file")
     out = Path(output if output is not None else sweep.output) / name
+    check_not_in_a_run(out, "--output (or the sweep file's output)")
     fixed = [*(_override(k, v) for k, v in sweep.set.items()), *overrides]
     cells = expand(sweep)
     _check_names(cells, path)

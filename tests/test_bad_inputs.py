@@ -121,6 +121,13 @@ CASES: dict[str, Case] = {
         "output.trackers=[{name: mlflow, uri: x}]", expect=("output.trackers[0].uri: unknown key", "tracking_uri"),
     ),
     "trackers-not-a-list": run("output.trackers=mlflow", expect=("output.trackers", "valid list")),
+    # a run among another run's files: report and plot of the outer one found both, as two copies of one seed
+    "run-dir-inside-a-run": run(
+        "output.run_dir={tmp}/rd/inner",
+        expect=("output.run_dir", "/rd/inner is inside the run directory", "give another output.run_dir"),
+        setup="finished_run",
+    ),
+    "output-dir-a-run": run("output.dir={tmp}/rd", expect=("output.dir", "is a run directory"), setup="finished_run"),
     "run-dir-finished": run("output.run_dir={tmp}/rd", expect=("holds a finished run",), setup="finished_run"),
     "run-dir-resumable": run("output.run_dir={tmp}/rd", expect=("fedsim run --resume",), setup="checkpointed_run"),
     "progress-not-bool": run("output.progress=maybe", expect=("output.progress", "valid boolean")),
@@ -337,6 +344,11 @@ CASES: dict[str, Case] = {
     "sweep-output-a-file": Case(
         ("sweep", "{tmp}/sweep.yaml", "--output", "{tmp}/afile"), ("sweep's output", "a file"), setup="sweep_and_file"
     ),  # fmt: skip
+    "sweep-output-inside-a-run": Case(
+        ("sweep", "{tmp}/sweep.yaml", "--output", "{tmp}/rd"),
+        ("--output (or the sweep file's output)", "/rd/sweep is inside the run directory"),
+        setup="sweep_and_run",
+    ),
     "sweep-a-list": Case(("sweep", "{tmp}/list.yaml"), ("top level must be a mapping",), setup="list_config"),
     "sweep-duplicate-key": Case(("sweep", "{tmp}/dup.yaml"), ("is given twice",), setup="duplicate_config"),
     # --- fedsim report
@@ -662,6 +674,11 @@ def _sweep_typo(tmp: Path) -> None:
 
 def _sweep_bad_cell(tmp: Path) -> None:
     _sweep(tmp, {"base": "base.yaml", "output": str(tmp / "sweeps"), "cells": [{"model.norm": "nope"}]})
+
+
+def _sweep_and_run(tmp: Path) -> None:
+    _sweep(tmp)
+    _run_dir(tmp)
 
 
 def _sweep_and_file(tmp: Path) -> None:
