@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import warnings
@@ -153,6 +154,9 @@ class _Parser(argparse.ArgumentParser):
         self.register("action", "store", _StoreOnce)
 
     def error(self, message: str) -> NoReturn:
+        # also what argparse says of a value it took for an option (--node-memory -4g): how to give one
+        if option := re.fullmatch(r"argument (-[^/:]+)\S*: expected one argument", message):
+            message += f"; a value that starts with '-' is written {option[1]}=VALUE"
         self.exit(2, f"fedsim: error: {self.prog.removeprefix('fedsim ')}: {message} (see {self.prog} --help)\n")
 
 

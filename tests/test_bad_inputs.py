@@ -371,6 +371,7 @@ CASES: dict[str, Case] = {
     "report-vs-unknown": Case(
         ("report", "{tmp}", "--vs", "partition.gamma"), ("--vs partition.gamma", "numeric"), setup="finished_run"
     ),  # fmt: skip
+    "report-vs-dash": Case(("report", "{tmp}", "--vs", "-x"), ("argument --vs: expected one argument", "--vs=VALUE")),
     "report-out-theirs": Case(
         ("report", "{tmp}/rd", "--out", "{tmp}"), ("is not fedsim's", "give another --out"), setup="finished_run"
     ),  # fmt: skip
@@ -416,6 +417,10 @@ CASES: dict[str, Case] = {
     "compose-nodes-zero": Case(("compose", "{cfg}", "--nodes", "0", "--out", "{tmp}/c"), ("--nodes 0",)),
     "compose-nodes-text": Case(("compose", "{cfg}", "--nodes", "abc"), ("--nodes", "invalid int")),
     "compose-memory-unknown": Case(("compose", "{cfg}", "--node-memory", "lots"), ("--node-memory 'lots'", "4g")),
+    # argparse takes a value starting with '-' for an option: "expected one argument", and no way out
+    "compose-memory-dash": Case(
+        ("compose", "{cfg}", "--node-memory", "-4g"), ("--node-memory: expected one argument", "--node-memory=VALUE")
+    ),
     "compose-out-a-file": Case(("compose", "{cfg}", "--out", "{tmp}/afile"), ("--out", "is a file"), setup="a_file"),
     "compose-no-data-root": Case(("compose", "{cfg}", "--out", "{tmp}/c", "--set", "data.root="), ("data.root",)),
     # --- fedsim deploy
