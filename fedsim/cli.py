@@ -95,11 +95,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from fedsim.report import write_report
+    from fedsim.report import unfinished, write_report
 
     if not 0 < args.target <= 1:  # NaN fails this too
         raise ConfigError(f"--target {args.target}: give a client-mean accuracy in (0, 1], e.g. 0.5")
     print(write_report(args.dir, args.target, args.vs, args.out).read_text(), end="")
+    for run in unfinished(args.dir):
+        print(f"fedsim: skipped {run}: not finished (no summary.json)", file=sys.stderr)
     return 0
 
 

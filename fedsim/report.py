@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from fedsim.errors import FedsimError
+from fedsim.ownership import MARKER, owner
 from fedsim.plots import plot_accuracy, plot_final_vs
 from fedsim.rundir import (
     SUMMARY,
@@ -36,6 +37,13 @@ def load_runs(root: Path) -> list[dict[str, Any]]:
     if not runs:
         raise FedsimError(f"no finished runs (summary.json) under {root}")
     return runs
+
+
+def unfinished(root: Path) -> list[Path]:
+    """The run directories under ``root`` that the report leaves out, having no ``summary.json`` (running,
+    stopped, failed): said, so that a seed missing from a mean is not missed."""
+    runs = (mark.parent for mark in sorted(Path(root).rglob(MARKER)) if owner(mark.parent) == "run")
+    return [run for run in runs if not (run / SUMMARY).exists()]
 
 
 def _mean_std(values: list[float]) -> str:

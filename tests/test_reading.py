@@ -283,6 +283,22 @@ def test_a_run_named_twice_is_one_run(tmp_path: Path, capsys: pytest.CaptureFixt
     capsys.readouterr()
 
 
+def test_report_names_the_runs_it_leaves_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run without summary.json (running, stopped, failed) is not in the table: said on stderr, as plot says
+    what it skips; the mean over the seeds that did finish was shown with one seed fewer and no word."""
+    import csv
+    import shutil
+
+    run_dir = finished_run(tmp_path / "runs")
+    stopped = run_dir.with_name("seed1")
+    shutil.copytree(run_dir, stopped)
+    (stopped / "config.yaml").write_text(yaml.safe_dump({"name": "r", "seed": 1, "train": {"rounds": 4}}))
+    (stopped / "summary.json").unlink()
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
+    assert capsys.readouterr().err == f"fedsim: skipped {stopped}: not finished (no summary.json)\n"
+    assert [row["seeds"] for row in csv.DictReader(open(tmp_path / "rep" / "results.csv"))] == ["1"]
+
+
 def test_report_into_a_directory_it_cannot_write_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
