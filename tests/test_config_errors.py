@@ -68,8 +68,13 @@ def test_bad_config_is_one_clear_message(
 
 @pytest.mark.parametrize(
     "head",
-    [["run", "c.yaml"], ["deploy", "c.yaml"], ["compose", "c.yaml"], ["sweep", "s.yaml"],
-     ["local", "r", "--client", "0", "--steps", "1"]],  # fmt: skip
+    [
+        ["run", "c.yaml"],
+        ["deploy", "c.yaml"],
+        ["compose", "c.yaml"],
+        ["sweep", "s.yaml"],
+        ["local", "r", "--client", "0", "--steps", "1"],
+    ],
 )
 def test_set_given_twice_adds_up(head: list[str]) -> None:
     """``--set a=1 --set b=2`` sets both: argparse's default for an option given twice is the last list alone,

@@ -177,13 +177,15 @@ def test_the_server_builds_a_run_once_and_never_for_a_gpu() -> None:
         runtime.prepare.cache_clear()
 
 
-def test_warming_up_runs_both_shapes_and_changes_nothing_of_the_runtime() -> None:
+@pytest.mark.parametrize("norm", ["bn", "ln_randomized"])
+def test_warming_up_runs_both_shapes_and_changes_nothing_of_the_runtime(norm: str) -> None:
     """The fork server warms torch's kernels through a copy of the model (BN's running statistics would move
-    if it used the runtime's own), on the training batch's and an evaluation chunk's shapes, RNG untouched."""
+    if it used the runtime's own), on the training batch's and an evaluation chunk's shapes, RNG untouched
+    (ln_randomized, not yet seeded by a round, draws its noise from the global RNG; BN draws nothing)."""
     from fedsim.client.runtime import ClientRuntime
     from fedsim.experiment import resolve
 
-    cfg = load_config(REPO / "configs" / "quickstart.yaml", ["simulation.threads=1", "model.norm=bn"])
+    cfg = load_config(REPO / "configs" / "quickstart.yaml", ["simulation.threads=1", f"model.norm={norm}"])
     rt = ClientRuntime(resolve(cfg))
     shapes: list[tuple[int, ...]] = []
     rt.model.register_forward_hook(lambda module, args, out: shapes.append(tuple(args[0].shape)))
