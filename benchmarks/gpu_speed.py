@@ -3,12 +3,13 @@
     python benchmarks/gpu_speed.py                        # FedAvg, 200 rounds on the GPU, 20 on the CPU
     python benchmarks/gpu_speed.py --norm ln --rounds 100  # FedLN
 
-Runs configs/cifar10_1class_fedavg.yaml (CIFAR-10 q75, 10 clients, 10 local steps of batch 32, a
-checkpoint every 50 rounds) with ``fedsim run`` in three layouts on the same machine, one after the other:
+Runs configs/cifar10_1class_fedavg.yaml (CIFAR-10 q75, 10 clients, 10 local steps of batch 32, no
+checkpoints) with ``fedsim run`` in three layouts on the same machine, one after the other:
 the CPU (inline, one torch thread per core), CUDA one client at a time, CUDA with ``vmap_clients: 10``.
 s/round is the slope of the run's clock between its first and last evaluation (``metrics.jsonl``'s
-``time_s``, four evaluations a run), so it counts training, evaluation and checkpoints as a long run pays
-them, and not start-up; "10,000 rounds" is that slope times 10,000. The ratio is against the CPU row.
+``time_s``, four evaluations a run, so every rounds/4 rounds: a CPU run of fewer rounds evaluates more often),
+so it counts training and evaluation, and not start-up; "10,000 rounds" is that slope times 10,000. The ratio
+is against the CPU row.
 """
 
 from __future__ import annotations
