@@ -70,8 +70,8 @@ class ClientRuntime:
     def warm_up(self) -> None:
         """A training step's forward and backward and an evaluation chunk's forward, on zeros, through a copy of
         the model: torch's kernels for these shapes and its allocator's pools are set up, nothing of the runtime
-        changes (its model, the global RNG). A SuperNode's fork server runs it once, so that the processes it
-        forks start with them instead of setting them up for every Message."""
+        changes (its model, the global CPU RNG: the fork server warms CPU runs only). A SuperNode's fork server
+        runs it once, so that the processes it forks start with them instead of setting them up per Message."""
         shape = self.fed.dataset.in_shape
         model = copy.deepcopy(self.model)
         with torch.random.fork_rng(devices=[]):

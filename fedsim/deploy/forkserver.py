@@ -115,7 +115,7 @@ def warm(config_json: bytes) -> None:
             return  # a CUDA context cannot cross a fork: each child builds its runtime on the GPU itself
         runtime.prepare(config).warm_up()
     except Exception as err:  # noqa: BLE001 (children build it themselves, and report what fails)
-        print(f"fedsim fork server: not keeping this run's data warm: {err}", file=sys.stderr)
+        print(f"fedsim fork server: not keeping this run warm for the tasks it forks: {err}", file=sys.stderr)
 
 
 def serve(listener: socket.socket) -> None:
