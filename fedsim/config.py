@@ -596,17 +596,21 @@ def read_yaml(path: Path, what: str = "config file") -> Any:
     return parse_yaml(read_text(path, what, CONFIG_BYTES), str(path))
 
 
+def _read_sections(path: Path, what: str, overrides: list[str] | None) -> dict[str, Any]:
+    """The YAML file ``path`` (``what`` it is, for errors) as a mapping of sections, ``overrides`` applied."""
+    raw = read_yaml(path, what) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return apply_overrides(raw, overrides or [])
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """Read a config file, apply ``--set`` overrides and validate its sections; paths in it are made
     relative to the file."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"config file {path}: a directory, not a YAML file")
-    raw = read_yaml(path) or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    raw = apply_overrides(raw, overrides or [])
-    cfg = parse_config(raw)
+    cfg = parse_config(_read_sections(path, "config file", overrides))
     for field, value in (("output.dir", cfg.output.dir), ("output.run_dir", cfg.output.run_dir)):
         if value and (error := unusable(Path(value), field)):
             raise error  # a file, a symlink loop: said before any work
@@ -625,10 +629,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
 def read_run_config(path: Path, overrides: list[str] | None = None) -> RunConfig:
     """A run directory's ``config.yaml``, with ``overrides``: an error names the file, which its reader did not
     write (a run directory of another fedsim version's layout, or edited) and could not tell from the message."""
-    raw = read_yaml(path, "the run's config.yaml") or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    raw = apply_overrides(raw, overrides or [])
+    raw = _read_sections(path, "the run's config.yaml", overrides)
     try:
         return parse_config(raw)
     except ConfigError as err:
