@@ -162,6 +162,23 @@ def test_killed_deploy_resumes_to_the_simulation_metrics_and_stops_every_process
     assert_same_numbers(metrics(run_dir), simulated)
 
 
+@pytest.mark.long
+def test_a_killed_serverapp_ends_the_deploy_with_its_log_and_stops_every_process(tmp_path: Path) -> None:
+    """A ServerApp SIGKILLed as round 2 starts writes neither summary nor error: the launcher, which watches that
+    process, says so in one line naming its log and stops everything; the run directory keeps round 1's
+    checkpoint for `fedsim deploy --resume`."""
+    killer = {"name": "tests.plugins.superlink_killer:KillSuperLink", "kill_round": 2, "kill_superlink": False}
+    cfg = deploy_config(tmp_path, strategy=killer, train={"rounds": 3}, output={"checkpoint_every": 1})
+    rc, _, err = finish(launch(tmp_path, cfg))
+    lines = [line for line in err.splitlines() if line.startswith("fedsim: error:")]
+    assert rc == 2 and len(lines) == 1, err[-3000:]
+    assert "its ServerApp process ended without a summary; the ServerApp's log: " in lines[0]
+    assert (run_dir_of(tmp_path) / "deploy" / "serverapp.log").is_file()
+    run_dir = run_dir_of(tmp_path)
+    assert wait_no_processes(run_dir, timeout=60) == []
+    assert Checkpoint.load(run_dir).round == 1 and not (run_dir / "summary.json").exists()
+
+
 def test_deploy_resume_refuses_what_it_cannot_continue(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Each in one line, before any process starts, as `fedsim run --resume` says it (tests/test_resume.py)."""
     from fedsim.cli import main

@@ -40,7 +40,15 @@ from fedsim.rundir import ERROR, HELD_ENV, PROGRESS, SUMMARY, claimed, read_erro
 # A command prefix per process, e.g. {"supernode": ["ip", "netns", "exec", "nodes"]} to run the
 # SuperNodes in another network namespace
 Wrap = dict[str, list[str]]
-STATUS_EVERY_S = 10.0  # how often to ask the SuperLink whether the run is still alive
+# How the launcher learns that a run ended without its summary (a ServerApp killed, say): its ServerApp process,
+# looked for under the SuperLink in /proc every LOOK_EVERY_S (a few ms of CPU), is gone; and, for what /proc
+# cannot show (a run stopped or failed before its ServerApp starts), the SuperLink's status, asked every
+# STATUS_EVERY_S until the ServerApp is seen, then every STATUS_BACKSTOP_S: ``flwr ls`` is a process of its
+# own, about 0.7 s of CPU, which every 10 s was a twentieth of a deployed round's CPU on two cores (and the
+# SuperLink marks a killed ServerApp's run failed only after about a minute).
+STATUS_EVERY_S = 10.0
+LOOK_EVERY_S = 2.0
+STATUS_BACKSTOP_S = 60.0
 
 
 def wait_for_port(host: str, port: int, owner: subprocess.Popen[bytes], timeout: float, what: str) -> None:
@@ -177,9 +185,25 @@ class LocalDeployment:
         if not self.alive("superlink"):
             raise FedsimError(f"the SuperLink exited (log: {self.workdir / 'superlink.log'})")
 
+    def serverapp_running(self) -> bool:
+        """Whether a ServerApp process runs under the SuperLink (its SuperExec starts one per run)."""
+        for pid, _ in tree({self.procs["superlink"].pid}):
+            try:
+                if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return True
+            except OSError:  # ended since the walk
+                continue
+        return False
+
     def run_status(self, run_id: int) -> str:
         runs = self.flwr(["ls", CONNECTION, "--run-id", str(run_id)]).get("runs", [])
         return str(runs[0].get("status", "")) if runs else ""
+
+    def no_summary(self, run_id: int, how: str) -> FedsimError:
+        """The error for a run that ended without its summary or error: one line naming the ServerApp's log."""
+        log = self.save_server_log(run_id)
+        return FedsimError(f"run {run_id}: {how} without a summary; the ServerApp's log: {log} "
+                           f"(its last line: {last_line(log.read_text())!r})")  # fmt: skip
 
     def save_server_log(self, run_id: int) -> Path:
         """The ServerApp's own output (it runs under the SuperLink), as ``deploy/serverapp.log``."""
@@ -207,7 +231,8 @@ class LocalDeployment:
     def follow(self, run_id: int, progress: RoundProgress) -> dict[str, Any]:
         """Show progress until the ServerApp writes its summary (or its error)."""
         summary, error = self.run_dir / SUMMARY, self.run_dir / ERROR
-        next_status = time.monotonic() + STATUS_EVERY_S
+        next_status, next_look = time.monotonic() + STATUS_EVERY_S, time.monotonic() + LOOK_EVERY_S
+        serverapp_seen = False
         while True:
             _show(self.run_dir, progress)
             if (result := ended(self.run_dir)) is not None:
@@ -218,6 +243,13 @@ class LocalDeployment:
                 for name in self.procs:
                     if name != "superlink" and not self.alive(name):
                         raise FedsimError(f"{name} exited before the first round (log: {self.workdir / name}.log)")
+            if time.monotonic() > next_look:
+                running = self.serverapp_running()
+                # gone, and no summary or error since the check above (a ServerApp writes one, then exits)
+                if serverapp_seen and not running and ended(self.run_dir) is None:
+                    raise self.no_summary(run_id, "its ServerApp process ended")
+                serverapp_seen |= running
+                next_look = time.monotonic() + LOOK_EVERY_S
             if time.monotonic() > next_status:
                 try:
                     status = self.run_status(run_id)
@@ -225,10 +257,8 @@ class LocalDeployment:
                     self._check_superlink()
                     raise
                 if status.startswith("finished") and not summary.exists() and not error.exists():
-                    log = self.save_server_log(run_id)
-                    raise FedsimError(f"run {run_id} ended as {status} without a summary; the ServerApp's "
-                                      f"log: {log} (its last line: {last_line(log.read_text())!r})")  # fmt: skip
-                next_status = time.monotonic() + STATUS_EVERY_S
+                    raise self.no_summary(run_id, f"ended as {status}")
+                next_status = time.monotonic() + (STATUS_BACKSTOP_S if serverapp_seen else STATUS_EVERY_S)
             time.sleep(0.3)
 
 

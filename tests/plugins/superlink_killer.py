@@ -1,6 +1,7 @@
-"""SCAFFOLD whose ServerApp, deployed, SIGKILLs its SuperLink and then itself as round ``kill_round`` starts,
-unless the run was resumed (test plugin for resuming a deployed run: a kill at an exact round, after the
-checkpoint of the round before, with no watcher racing the run): ``tests.plugins.superlink_killer:KillSuperLink``.
+"""SCAFFOLD whose ServerApp, deployed, SIGKILLs its SuperLink (unless ``kill_superlink`` is false) and then
+itself as round ``kill_round`` starts, unless the run was resumed (test plugin for resuming a deployed run: a
+kill at an exact round, after the checkpoint of the round before, with no watcher racing the run):
+``tests.plugins.superlink_killer:KillSuperLink``.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ def superlink_pid() -> int:
 
 
 class KillingServer(ScaffoldServer):
-    def __init__(self, kill_round: int, params: ScaffoldSpec.Params, setup: ServerSetup) -> None:
+    def __init__(self, params: KillSuperLink.Params, setup: ServerSetup) -> None:
         super().__init__(params.eta_g, params.weighting, setup, **EVERY_NODE)
-        self.kill_round, self.resumed = kill_round, False
+        self.kill_round, self.kill_superlink, self.resumed = params.kill_round, params.kill_superlink, False
 
     def load_server_state(self, state: ArrayRecord) -> None:
         self.resumed = True  # called on a resumed run only
@@ -41,7 +42,8 @@ class KillingServer(ScaffoldServer):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         if server_round == self.kill_round and not self.resumed:
-            os.kill(superlink_pid(), signal.SIGKILL)
+            if self.kill_superlink:
+                os.kill(superlink_pid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         return super().configure_train(server_round, arrays, config, grid)
 
@@ -51,6 +53,7 @@ class KillSuperLink(ScaffoldSpec):
 
     class Params(ScaffoldSpec.Params):
         kill_round: int = Field(ge=1)
+        kill_superlink: bool = True
 
     def server(self, setup: ServerSetup) -> KillingServer:
-        return KillingServer(self.params.kill_round, self.params, setup)
+        return KillingServer(self.params, setup)
