@@ -336,19 +336,34 @@ def test_tls_and_supernode_auth_across_network_namespaces(
 ) -> None:
     import threading
 
+    """Two hosts for real: the SuperNodes in a network namespace of their own, joined to the SuperLink's by a
+    veth pair, with TLS naming the SuperLink's address and SuperNode authentication. The SuperLink and its
+    ServerApp are killed as round 2 starts (tests/plugins/superlink_killer.py), and `fedsim deploy --resume`'s
+    deployment goes on across the two namespaces: the metrics of an uninterrupted `fedsim run`."""
     from fedsim.deploy.launcher import deploy
+    from fedsim.errors import FedsimError
+    from fedsim.server.checkpoint import resume_config
 
     ns, address, interface = nodes_namespace
-    cfg = parse_config(deploy_config(tmp_path, deploy={"address": address, "tls": True, "supernode_auth": True}))
+    killer = {"name": "tests.plugins.superlink_killer:KillSuperLink", "kill_round": 2}
+    hosts = {"address": address, "tls": True, "supernode_auth": True}
+    cfg = parse_config(deploy_config(tmp_path, strategy=killer, train={"rounds": 3}, eval={"every": 1},
+                                     output={"checkpoint_every": 1}, deploy=hosts))  # fmt: skip
     cfg.output.progress, cfg.output.dir = False, str(tmp_path / "runs")
+    wrap = {"supernode": ["ip", "netns", "exec", ns]}
+    with pytest.raises(FedsimError, match="the SuperLink exited"):
+        deploy(cfg, wrap=wrap)
+    run_dir = run_dir_of(tmp_path)
+    assert wait_no_processes(run_dir, timeout=60) == []
+    assert Checkpoint.load(run_dir).round == 1
     rx_before = int(Path(f"/sys/class/net/{interface}/statistics/rx_bytes").read_text())
     seen: dict[str, set[str]] = {}
 
     def watch() -> None:  # what the SuperLink listens on while the run is live
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and not seen:
-            for run_dir in (tmp_path / "runs").glob("*"):
-                for pid in processes_of(run_dir):
+            for live in (tmp_path / "runs").glob("*"):
+                for pid in processes_of(live):
                     try:  # a process may end between the scan and these reads
                         if b"flower-superlink" in Path(f"/proc/{pid}/cmdline").read_bytes():
                             if addrs := listening(pid):
@@ -359,9 +374,9 @@ def test_tls_and_supernode_auth_across_network_namespaces(
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    summary = deploy(cfg, wrap={"supernode": ["ip", "netns", "exec", ns]})
+    summary = deploy(resume_config(run_dir), wrap=wrap, resume=True)
     watcher.join(timeout=5)
-    run_dir = Path(summary["run_dir"])
+    assert Path(summary["run_dir"]) == run_dir and summary["resumed_from_round"] == 1
     assert processes_of(run_dir) == []
 
     assert seen["superlink"] == {f"{address}:{tmp_port(run_dir)}"}  # nothing on loopback or elsewhere
@@ -372,8 +387,11 @@ def test_tls_and_supernode_auth_across_network_namespaces(
     assert "--insecure" not in supernode_log and "TLS disabled" not in supernode_log
     assert "SuperNode authentication is disabled" not in (run_dir / "deploy" / "superlink.log").read_text()
 
-    inline = small_config(tmp_path / "inline", train=cfg.train.model_dump(), eval=cfg.eval.model_dump())
-    assert_same_numbers(metrics(run_dir), metrics(Path(run(parse_config(inline))["run_dir"])))
+    inline = small_config(tmp_path / "inline", strategy={"name": "scaffold"}, train=cfg.train.model_dump(),
+                          eval=cfg.eval.model_dump())  # fmt: skip
+    simulated = metrics(Path(run(parse_config(inline))["run_dir"]))
+    assert [m["round"] for m in simulated] == [1, 2, 3]
+    assert_same_numbers(metrics(run_dir), simulated)
 
 
 def tmp_port(run_dir: Path) -> int:
