@@ -12,7 +12,7 @@ import warnings
 from typing import Any, NoReturn
 
 # only light modules here: main() takes SIGTERM over before the heavy ones load (pydantic, torch, Ray)
-from fedsim.errors import DEBUG_ENV, ERROR_FILE_ENV, ChildExit, ConfigError, FedsimError
+from fedsim.errors import DEBUG_ENV, ERROR_FILE_ENV, ChildExit, ConfigError, FedsimError, FedsimWarning
 from fedsim.paths import home_expanded
 from fedsim.processes import sigterm_as_interrupt, sigterm_raised
 
@@ -281,10 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _show_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
-    """fedsim's own warnings (deprecated config forms) as one plain line; others as Python shows them."""
-    from fedsim.config import DeprecatedConfig
-
-    if issubclass(category, DeprecatedConfig):
+    """fedsim's own warnings (deprecated config forms, evaluations missing from a run's metrics) as one plain
+    line; others as Python shows them."""
+    if issubclass(category, FedsimWarning):
         print(f"fedsim: warning: {message}", file=sys.stderr)
     else:
         _python_show_warning(message, category, *args, **kwargs)

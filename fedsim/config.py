@@ -24,12 +24,13 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
-from fedsim.errors import ConfigError, brief, one_line
+from fedsim.errors import ConfigError, FedsimWarning, brief, one_line
 from fedsim.names import NAME_RULE, is_name, printable
 from fedsim.ownership import unusable
 from fedsim.paths import home_expanded, package_path, resolve_path
@@ -37,7 +38,7 @@ from fedsim.reading import CONFIG_BYTES, check_source, read_text
 from fedsim.registry import Float32Options, all_floats, number_as_text
 
 
-class DeprecatedConfig(FutureWarning):
+class DeprecatedConfig(FedsimWarning, FutureWarning):
     """A config form fedsim still reads but will stop reading; the message names the new form."""
 
 
@@ -204,6 +205,8 @@ class ClientResources(_Strict):
 
 
 THREADS_PER_CPU = 4  # simulation.threads' bound, in CPUs of the machine
+# validation context: a run directory's config read back (fedsim report, plot), not run on this machine
+READ_BACK = "read_back"
 
 
 class SimulationConfig(_Strict):
@@ -229,11 +232,13 @@ class SimulationConfig(_Strict):
 
     @field_validator("threads", mode="before")
     @classmethod
-    def _threads(cls, threads: Any) -> Any:
+    def _threads(cls, threads: Any, info: ValidationInfo) -> Any:
         # Bounded by the machine: threads beyond its cores only wait on each other, and torch crashes on a
-        # million (SIGSEGV); a few times the cores stays allowed, for measuring oversubscription.
+        # million (SIGSEGV); a few times the cores stays allowed, for measuring oversubscription. A run directory's
+        # config read back (READ_BACK) runs nowhere here: a larger machine's threads are its own.
         cpus = os.cpu_count() or 1
-        if threads == "auto" or (type(threads) is int and 1 <= threads <= THREADS_PER_CPU * cpus):
+        bound = threads if (info.context or {}).get(READ_BACK) and type(threads) is int else THREADS_PER_CPU * cpus
+        if threads == "auto" or (type(threads) is int and 1 <= threads <= bound):
             return threads
         raise ValueError(
             f"simulation.threads = {brief(threads)}: give auto or a whole number of threads in "
@@ -626,19 +631,21 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     return cfg
 
 
-def read_run_config(path: Path, overrides: list[str] | None = None) -> RunConfig:
+def read_run_config(path: Path, overrides: list[str] | None = None, read_back: bool = False) -> RunConfig:
     """A run directory's ``config.yaml``, with ``overrides``: an error names the file, which its reader did not
-    write (a run directory of another fedsim version's layout, or edited) and could not tell from the message."""
+    write (a run directory of another fedsim version's layout, or edited) and could not tell from the message.
+    ``read_back``: read only, not to run here (:data:`READ_BACK`)."""
     raw = _read_sections(path, "the run's config.yaml", overrides)
     try:
-        return parse_config(raw)
+        return parse_config(raw, read_back)
     except ConfigError as err:
         raise ConfigError(f"{path}{' with --set' if overrides else ''}: {err}") from err
 
 
-def parse_config(raw: dict[str, Any]) -> RunConfig:
-    """Validate a config mapping's sections (plugin options: :func:`fedsim.experiment.resolve`)."""
+def parse_config(raw: dict[str, Any], read_back: bool = False) -> RunConfig:
+    """Validate a config mapping's sections (plugin options: :func:`fedsim.experiment.resolve`); ``read_back``:
+    a run directory's, read only (:data:`READ_BACK`)."""
     try:
-        return RunConfig.model_validate(raw)
+        return RunConfig.model_validate(raw, context={READ_BACK: read_back})
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, RunConfig)) from err

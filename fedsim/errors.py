@@ -29,6 +29,11 @@ class FedsimError(Exception):
     """Base of every error fedsim raises on purpose; the CLI prints its message, no traceback."""
 
 
+class FedsimWarning(UserWarning):
+    """Base of fedsim's warnings: what fedsim reads and goes on with, but says (the CLI prints each as one line,
+    ``fedsim: warning: ...``)."""
+
+
 class ConfigError(FedsimError):
     """A config field has a bad value; the message names the field and what is allowed."""
 

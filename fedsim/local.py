@@ -43,7 +43,17 @@ from fedsim.names import control_character, cut, unprintable
 from fedsim.norms.ln_variants import seed_norm_noise
 from fedsim.reading import read_json
 from fedsim.registry import PluginParams
-from fedsim.rundir import LOCAL_JSON, MODEL_CHECKSUM, SUMMARY, RunDir, Written, atomic_write, claimed, read_summary
+from fedsim.rundir import (
+    LOCAL_JSON,
+    MODEL_CHECKSUM,
+    SUMMARY,
+    RunDir,
+    Written,
+    atomic_write,
+    check_summary,
+    claimed,
+    read_summary,
+)
 from fedsim.runner import check_runnable
 
 # What --set may change for a continuation: its SGD, the model's form (model.norm=fn: LN-FL Fig. 2), where the run's
@@ -168,6 +178,8 @@ def continue_locally(
     path = local_dir(run_dir, client, overrides)
     _check_same_request(path, client, steps, every, list(overrides or []))  # before any data is read; again below
     summary = read_summary(Path(run_dir))
+    # the run's config as it finished (its config.yaml edited since, a seed or the clients, would split other data)
+    check_summary(Path(run_dir), read_run_config(Path(run_dir) / "config.yaml", read_back=True), summary)
     experiment = resolve(cfg)
     check_runnable(experiment)  # what fedsim run checks (a batch larger than the data), before any directory
     runtime = ClientRuntime(experiment)

@@ -12,8 +12,9 @@ directory that is not fedsim's (:mod:`fedsim.ownership`), one that holds a finis
 resume, and clears the leftovers of a run that was killed with nothing to resume. A write that fails (a
 full disk) is one error naming the file; it leaves no temp file, and what was written before it stays.
 :func:`read_run` and :func:`read_partition` read a run directory back (``fedsim report`` / ``fedsim
-plot``), finished or still running, through :mod:`fedsim.reading`, the summary and the metrics checked
-against their schemas (:class:`Summary`, :class:`MetricsRecord`); :func:`read_progress` and
+plot``), finished or still running, through :mod:`fedsim.reading`, the config validated, the summary and the
+metrics checked against their schemas (:class:`Summary`, :class:`MetricsRecord`) and against each other
+(:func:`check_summary`, :func:`check_evaluations`); :func:`read_progress` and
 :func:`read_error` read what a launcher polls while the ServerApp runs (:class:`Progress`, ``error.txt``).
 """
 
@@ -27,6 +28,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,17 +41,19 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from fedsim.config import RunConfig, read_yaml
-from fedsim.errors import FedsimError
+from fedsim.config import RunConfig, read_run_config
+from fedsim.errors import FedsimError, FedsimWarning
 from fedsim.integrity import digest
 from fedsim.ownership import RESULTS, RESULTS_BESIDE, check_own, mark_own, unusable
 from fedsim.reading import SUMMARY_BYTES, read_json, read_json_lines, read_text
+from fedsim.server.sampling import EvalCadence
 
 PROGRESS = "progress.json"
 ERROR = "error.txt"
 SUMMARY = "summary.json"
 CHECKPOINT = "checkpoint.pt"
 MODEL_CHECKSUM = "model_sha256"  # summary.json: model.pt's checksum (fedsim.integrity)
+CONFIG_CHECKSUM = "config_sha256"  # summary.json: config.yaml's checksum (config_checksum)
 CLIENT_STATE = "client_state"  # the nodes' state files of a checkpoint, under the run directory (by default)
 LOCK = ".lock"
 # A launcher that holds a run directory for the ServerApp it starts (fedsim deploy) names it here
@@ -318,12 +322,19 @@ class MetricsRecord(Written):
 
 def _within(index: str, value: int, info: ValidationInfo) -> int:
     """``value`` of the ``index`` field, once it is at most ``info.context["last"]`` (the run's rounds, a
-    continuation's steps): a line beyond it is one the run could not have written."""
-    last = (info.context or {}).get("last")
+    continuation's steps) and, where ``info.context["cadence"]`` is given, a round it evaluates: a line beyond
+    the run, or at a round it did not evaluate (an edit, a line of another run), is one it could not have written."""
+    context = info.context or {}
+    last, cadence = context.get("last"), context.get("cadence")
     if last is not None and value > last:
         raise PydanticCustomError(
             "beyond_the_run", "{index} {value} is beyond the run's {last} {index}s",
             {"index": index, "value": value, "last": last},
+        )  # fmt: skip
+    if cadence is not None and not cadence.is_eval_round(value):
+        raise PydanticCustomError(
+            "not_evaluated", "round {value} is not one the run evaluated (eval.every: {every}, and its last, {last})",
+            {"value": value, "every": cadence.every, "last": cadence.num_rounds},
         )  # fmt: skip
     return value
 
@@ -362,17 +373,32 @@ class Summary(Written):
     final_client_mean_acc: float | None = Field(ge=0, le=1)
     best_client_mean_acc: float | None = Field(ge=0, le=1)
     final_global_acc: float | None = Field(ge=0, le=1)
+    config_sha256: str | None = None  # absent from the summaries of a fedsim before it (config_checksum)
 
 
-def read_metrics(run_dir: str | Path, index: str = "round", last: int | None = None) -> list[dict[str, Any]]:
+def final_accuracies(metrics: list[dict[str, Any]]) -> dict[str, float | None]:
+    """What ``summary.json`` records of a run's ``metrics.jsonl``: the last and the best client-mean accuracy, and
+    the global accuracy of the last line (the run's last round, which it always evaluates)."""
+    accs = [m["client_mean_acc"] for m in metrics if m.get("client_mean_acc") is not None]
+    return {
+        "final_client_mean_acc": accs[-1] if accs else None,
+        "best_client_mean_acc": max(accs) if accs else None,
+        "final_global_acc": metrics[-1].get("global_acc") if metrics else None,
+    }
+
+
+def read_metrics(
+    run_dir: str | Path, index: str = "round", last: int | None = None, cadence: EvalCadence | None = None
+) -> list[dict[str, Any]]:
     """Every line of ``metrics.jsonl`` so far (none before the first evaluation); each names its ``index``
-    (``round`` in a run, ``step`` in a ``fedsim local`` continuation), strictly increasing line by line, and
-    at most ``last`` (the run's ``train.rounds``, the continuation's steps) where that is known."""
+    (``round`` in a run, ``step`` in a ``fedsim local`` continuation), strictly increasing line by line, at
+    most ``last`` (the run's ``train.rounds``, the continuation's steps) where that is known, and a round the
+    run evaluates where its ``cadence`` is given."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
     schema = RoundRecord if index == "round" else StepRecord
-    return read_json_lines(path, schema, "metrics", increasing=index, context={"last": last})
+    return read_json_lines(path, schema, "metrics", increasing=index, context={"last": last, "cadence": cadence})
 
 
 def metrics_so_far(run_dir: Path) -> str:
@@ -422,29 +448,90 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+class LostEvaluations(FedsimWarning):
+    """A run's ``metrics.jsonl`` lacks lines between its first and its last (replaced under the running run):
+    the rest is the run's, and read; the curve and the rounds to a target skip the rounds missing."""
+
+
+_RESTORE = "restore the whole run directory, or move it out of the directories given"
+
+
 def read_run(path: str | Path) -> dict[str, Any]:
     """A run directory read back: ``dir``, ``config`` (flattened), ``summary`` (None while running), ``metrics``.
 
-    A file that is not what fedsim writes (edited, truncated, another program's) is an error naming it."""
+    A file that is not what fedsim writes (edited, truncated, another program's), or one that disagrees with
+    the others (:func:`check_summary`, :func:`check_evaluations`), is an error naming it."""
     path = Path(path)
-    config_path, summary_path = path / "config.yaml", path / SUMMARY
-    config = read_yaml(config_path, "the run's config.yaml") if config_path.exists() else {}
-    if not isinstance(config or {}, dict):
-        raise FedsimError(f"{config_path}: not a mapping of sections, as fedsim writes it")
-    summary = read_summary(path) if summary_path.exists() else None
-    config = flatten(config or {})
-    rounds = summary["rounds"] if summary is not None else config.get("train.rounds")
-    # a config.yaml edited to text: the bound is unknown, the line still checked otherwise
-    last = rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None
-    metrics = read_metrics(path, last=last)
-    if summary is not None and not metrics:
-        # a finished run has evaluated its last round at least: its metrics were lost (a partial copy), and a
-        # report or plot showed its summary with no curve, and no curve at all for the seeds averaged with it
+    cfg = read_run_config(path / "config.yaml", read_back=True)
+    summary = read_summary(path) if (path / SUMMARY).exists() else None
+    if summary is not None:
+        check_summary(path, cfg, summary)
+    cadence = EvalCadence(cfg.eval.every, cfg.train.rounds)
+    metrics = read_metrics(path, last=cfg.train.rounds, cadence=cadence)
+    check_evaluations(path, cadence, summary, metrics)
+    return {"dir": path, "config": flatten(cfg.model_dump(mode="json")), "summary": summary, "metrics": metrics}
+
+
+def config_checksum(cfg: RunConfig) -> str:
+    """The checksum (:func:`fedsim.integrity.digest`) of what ``cfg`` says a run learns: its keys but
+    :data:`NOT_LEARNING`'s, which a resumed run may change (its directory moved) and reports ignore."""
+    tree = flatten(cfg.model_dump(mode="json"))
+    return digest({key: value for key, value in tree.items() if not key.startswith(NOT_LEARNING)})
+
+
+def check_summary(path: Path, cfg: RunConfig, summary: dict[str, Any]) -> None:
+    """A finished run's ``summary.json`` is of the run its ``config.yaml`` describes: the same rounds and, where
+    the summary records one (a fedsim since it did), the same :func:`config_checksum`. A config edited after the
+    run (a seed, a learning rate) put the run's numbers under another config's label, or made two copies of a run
+    two seeds."""
+    if summary["rounds"] != cfg.train.rounds:
         raise FedsimError(
-            f"{path}: a finished run of {summary['rounds']} rounds (summary.json) whose metrics.jsonl is empty or "
-            "missing: restore the whole run directory, or move it out of the directories given"
+            f"{path}: summary.json says the run finished {summary['rounds']} rounds, its config.yaml's train.rounds "
+            f"is {cfg.train.rounds}: {_RESTORE}"
         )
-    return {"dir": path, "config": config, "summary": summary, "metrics": metrics}
+    recorded = summary.get(CONFIG_CHECKSUM)
+    if recorded is not None and recorded != config_checksum(cfg):
+        raise FedsimError(
+            f"{path}: config.yaml is not the config the run finished with ({CONFIG_CHECKSUM} in summary.json "
+            f"differs; edited after the run, or another run's): {_RESTORE}"
+        )
+
+
+def check_evaluations(
+    path: Path, cadence: EvalCadence, summary: dict[str, Any] | None, metrics: list[dict[str, Any]]
+) -> None:
+    """A run's ``metrics.jsonl`` (each line at a round the run evaluated, :func:`read_metrics`) holds every
+    evaluation of the rounds run so far. A finished run (``summary``) evaluated its last round (``cadence``):
+    lines missing at the end (a truncated file, a partial copy) are an error, since a report showed the summary's
+    final numbers beside a curve and a rounds-to-target of fewer rounds; so are summary numbers its lines do not
+    give (:func:`final_accuracies`). Lines missing before the last are a warning (:class:`LostEvaluations`)."""
+    rounds = [line["round"] for line in metrics]
+    if summary is not None:
+        if not rounds:
+            raise FedsimError(
+                f"{path}: a finished run of {summary['rounds']} rounds (summary.json) whose metrics.jsonl is "
+                f"empty or missing: {_RESTORE}"
+            )
+        if rounds[-1] != cadence.num_rounds:
+            raise FedsimError(
+                f"{path}: metrics.jsonl ends at round {rounds[-1]} but the run finished {cadence.num_rounds} rounds "
+                f"(summary.json), the last of which it evaluates: {_RESTORE}"
+            )
+        for key, value in final_accuracies(metrics).items():
+            if summary[key] != value:
+                raise FedsimError(
+                    f"{path}: summary.json's {key} is {summary[key]}, its metrics.jsonl's {value}: one of them was "
+                    f"edited or is another run's; {_RESTORE}"
+                )
+    evaluated = [r for r in range(1, rounds[-1] + 1) if cadence.is_eval_round(r)] if rounds else []
+    if lost := sorted(set(evaluated) - set(rounds)):
+        shown = ", ".join(map(str, lost[:5])) + (f" and {len(lost) - 5} more" if len(lost) > 5 else "")
+        warnings.warn(
+            f"{path / 'metrics.jsonl'} has no line for round{'s' if len(lost) > 1 else ''} {shown} of the rounds "
+            f"the run evaluated (eval.every: {cadence.every}): its curve and rounds to a target skip them",
+            LostEvaluations,
+            stacklevel=2,
+        )
 
 
 # Config keys that do not change what a run learns: reports, sweeps and resume ignore them

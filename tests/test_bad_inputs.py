@@ -404,6 +404,9 @@ CASES: dict[str, Case] = {
         ("rd: a finished run of 2 rounds", "metrics.jsonl is empty or missing"),
         setup="metrics_empty",
     ),
+    # a run's config.yaml that does not validate (another version's layout, an edit) was drawn without a word
+    "plot-another-layout": Case(("plot", "{tmp}/rd", "--out", "{tmp}/out"), LAYOUT, setup="another_layout_run"),
+    "report-another-layout": Case(("report", "{tmp}", "--out", "{tmp}/out"), LAYOUT, setup="another_layout_run"),
     "plot-out-theirs": Case(
         ("plot", "{tmp}/rd", "--out", "{tmp}"), ("is not fedsim's", "give another --out"), setup="finished_run"
     ),  # fmt: skip

@@ -193,6 +193,24 @@ def test_a_model_changed_on_disk_is_refused(
     assert not list(run_dir.glob("local-*"))
 
 
+def test_a_config_edited_after_the_run_is_refused(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """config.yaml is checked against the checksum summary.json recorded: a seed edited after the run would split
+    the data otherwise, and client k's data would be another client's, trained on without a word."""
+    run_dir = tmp_path / "copy"
+    shutil.copytree(finished_run, run_dir, ignore=shutil.ignore_patterns("local-*"))
+    config = run_dir / "config.yaml"
+    config.write_text(config.read_text().replace("seed: 0\n", "seed: 1\n", 1))
+    assert main(["local", str(run_dir), "--client", "0", "--steps", "2"]) == 2
+    assert capsys.readouterr().err == (
+        f"fedsim: error: {run_dir}: config.yaml is not the config the run finished with (config_sha256 in "
+        "summary.json differs; edited after the run, or another run's): restore the whole run directory, or move "
+        "it out of the directories given\n"
+    )
+    assert not list(run_dir.glob("local-*"))
+
+
 def test_other_data_than_the_run_trained_on_is_refused(
     finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

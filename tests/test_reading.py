@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from fedsim.cli import main
+from fedsim.config import parse_config
+from fedsim.rundir import CONFIG_CHECKSUM, RunDir, config_checksum
 from tests.conftest import small_config, write_config
 
 
@@ -117,18 +118,37 @@ def test_a_data_root_that_would_hang_or_never_end_is_refused(
 # --- summaries and metrics read back: validated against their schemas
 
 
-def finished_run(root: Path) -> Path:
-    """A run directory as a finished run leaves it, as far as fedsim report reads it (no training)."""
-    run_dir = root / "r"
+# a 4-round run evaluated every round: its last line is its final accuracy, its first its best
+METRICS = [
+    {"round": 1, "client_mean_acc": 0.6},
+    {"round": 2, "client_mean_acc": 0.5},
+    {"round": 3, "client_mean_acc": 0.55},
+    {"round": 4, "client_mean_acc": 0.5, "global_acc": 0.55},
+]
+SUMMARY = {"rounds": 4, "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.6, "final_global_acc": 0.55}
+
+
+def finished_run(root: Path, name: str = "r", **sections: object) -> Path:
+    """A run directory as a finished run of :data:`METRICS` leaves it (written by fedsim's writer, no training),
+    as far as fedsim report reads it: ``sections`` change its config (``seed=1``), as ``small_config``'s do."""
+    cfg = parse_config(small_config(root, name=name, train={"rounds": 4}, eval={"every": 1}, **sections))
+    run_dir = root / name
     run_dir.mkdir(parents=True)
     (run_dir / ".fedsim").write_text("run\n")
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({"name": "r", "seed": 0, "train": {"rounds": 4}}))
-    summary = {"rounds": 4, "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.6, "final_global_acc": 0.55}
-    (run_dir / "summary.json").write_text(json.dumps(summary))
-    (run_dir / "metrics.jsonl").write_text(
-        '{"round": 1, "client_mean_acc": 0.6}\n{"round": 2, "client_mean_acc": 0.5}\n'
-    )
+    out = RunDir(run_dir)
+    out.write_config(cfg)
+    for line in METRICS:
+        out.append_metrics(line)
+    out.write_summary({**SUMMARY, CONFIG_CHECKSUM: config_checksum(cfg)})
     return run_dir
+
+
+def rewrite_metrics(run_dir: Path, *lines: str) -> Path:
+    """``run_dir``'s metrics.jsonl with its last ``len(lines)`` lines replaced by ``lines``; returns its path."""
+    path = run_dir / "metrics.jsonl"
+    kept = path.read_text().splitlines()[: len(METRICS) - len(lines)]
+    path.write_text("".join(line + "\n" for line in [*kept, *lines]))
+    return path
 
 
 @pytest.mark.parametrize(
@@ -165,8 +185,7 @@ def test_report_on_metrics_fedsim_did_not_write_names_the_line_and_the_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = finished_run(tmp_path)
-    with open(run_dir / "metrics.jsonl", "a") as f:
-        f.write('{"round": 3, "client_mean_acc": "high"}\n')
+    rewrite_metrics(run_dir, '{"round": 3, "client_mean_acc": "high"}', '{"round": 4, "client_mean_acc": 0.5}')
     assert one_line(["report", str(tmp_path)], capsys) == (
         f"metrics {run_dir / 'metrics.jsonl'}, line 3: not readable as the JSON fedsim writes "
         "(client_mean_acc: Input should be a valid number (got 'high'))"
@@ -209,12 +228,10 @@ def test_every_reader_of_metrics_refuses_a_line_fedsim_would_not_write(
     from fedsim.errors import FedsimError
 
     run_dir = finished_run(tmp_path)
-    metrics = run_dir / "metrics.jsonl"
-    with open(metrics, "a") as f:
-        f.write('{"round": 3, "client_acc": [0.5, null], "failed_clients": {"2": [1, 3]}, "isometry": {"fc": 1}}\n')
-    assert len(Run(run_dir).metrics) == 3
-    with open(metrics, "a") as f:
-        f.write(line + "\n")
+    own = '{"round": 3, "client_acc": [0.5, null], "failed_clients": {"2": [1, 3]}, "isometry": {"fc": 1}}'
+    metrics = rewrite_metrics(run_dir, own, json.dumps(METRICS[-1]))
+    assert len(Run(run_dir).metrics) == 4
+    rewrite_metrics(run_dir, own, line)
     expected = f"metrics {metrics}, line 4: not readable as the JSON fedsim writes ({problem}"
     assert one_line(["report", str(tmp_path)], capsys).startswith(expected)
     assert one_line(["plot", str(run_dir)], capsys).startswith(expected)
@@ -247,18 +264,12 @@ def test_runs_of_one_config_and_seed_are_refused_not_counted_as_seeds(
     two copies, and "seeds 5" for four seed-0 runs and a seed-1000 one. Report and plot's mean over seeds refuse
     it, naming both directories; distinct seeds are counted."""
     import csv
-    import shutil
 
     run_dir = finished_run(tmp_path / "runs")
-    other_seed = run_dir.with_name("seed1")
-    shutil.copytree(run_dir, other_seed)
-    (other_seed / "config.yaml").write_text(yaml.safe_dump({"name": "r", "seed": 1, "train": {"rounds": 4}}))
+    finished_run(tmp_path / "runs", "seed1", seed=1)
     assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
     assert [row["seeds"] for row in csv.DictReader(open(tmp_path / "rep" / "results.csv"))] == ["2"]
-    copy = run_dir.with_name("r-copy")
-    shutil.copytree(run_dir, copy)
-    (copy / "config.yaml").write_text(yaml.safe_dump({"name": "r", "seed": 0, "train": {"rounds": 4},
-                                                      "simulation": {"threads": 3}}))  # fmt: skip
+    copy = finished_run(tmp_path / "runs", "r-copy", simulation={"threads": 3})  # name and threads aside, r again
     expected = (
         f"{run_dir} and {copy} are both seed 0 of one config (name, output, simulation, diagnostics, deploy aside): "
         "runs are averaged over distinct seeds; move one of them out of the directories given"
@@ -287,12 +298,9 @@ def test_report_names_the_runs_it_leaves_out(tmp_path: Path, capsys: pytest.Capt
     """A run without summary.json (running, stopped, failed) is not in the table: said on stderr, as plot says
     what it skips; the mean over the seeds that did finish was shown with one seed fewer and no word."""
     import csv
-    import shutil
 
-    run_dir = finished_run(tmp_path / "runs")
-    stopped = run_dir.with_name("seed1")
-    shutil.copytree(run_dir, stopped)
-    (stopped / "config.yaml").write_text(yaml.safe_dump({"name": "r", "seed": 1, "train": {"rounds": 4}}))
+    finished_run(tmp_path / "runs")
+    stopped = finished_run(tmp_path / "runs", "seed1", seed=1)
     (stopped / "summary.json").unlink()
     assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
     assert capsys.readouterr().err == f"fedsim: skipped {stopped}: not finished (no summary.json)\n"

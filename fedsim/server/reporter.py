@@ -21,7 +21,7 @@ from fedsim.diagnostics import ProbeDiagnostics
 from fedsim.errors import TrainingError
 from fedsim.evaluation import evaluate
 from fedsim.experiment import Experiment
-from fedsim.rundir import RunDir
+from fedsim.rundir import RunDir, final_accuracies
 from fedsim.server.replies import evaluation_divergence
 
 
@@ -150,7 +150,6 @@ class RoundReporter:
     def summary(self, done_before: int) -> dict[str, Any]:
         """The run's summary (``summary.json``); ``done_before``: rounds a resumed run started after."""
         wall = self.elapsed_s()
-        accs = [r["client_mean_acc"] for r in self.out.read_metrics() if r.get("client_mean_acc") is not None]
         return {
             "name": self.cfg.name,
             "run_dir": str(self.out.path),
@@ -159,9 +158,7 @@ class RoundReporter:
             "rounds_per_s": round(self.cfg.train.rounds / wall, 3),
             "steady_s_per_round": self.seconds_per_round(),
             "resumed_from_round": done_before or None,
-            "final_client_mean_acc": accs[-1] if accs else None,
-            "best_client_mean_acc": max(accs) if accs else None,
-            "final_global_acc": self.last.get("global_acc"),
+            **final_accuracies(self.out.read_metrics()),  # what fedsim report checks them against
             "final_train_loss": self.last.get("train_loss"),
             "per_class_acc": self.last.get("per_class_acc"),
         }
