@@ -41,7 +41,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from fedsim.config import RunConfig, read_run_config
+from fedsim.config import RunConfig, read_run_config, read_yaml
 from fedsim.errors import FedsimError, FedsimWarning
 from fedsim.integrity import digest
 from fedsim.ownership import RESULTS, RESULTS_BESIDE, check_own, mark_own, unusable
@@ -214,7 +214,7 @@ class RunDir:
         self.trackers = trackers(self.path) if trackers is not None else None
 
     def write_config(self, cfg: RunConfig) -> None:
-        tree = cfg.model_dump(mode="json")
+        tree = config_tree(cfg)
         atomic_write(self.path / "config.yaml", yaml.safe_dump(tree, sort_keys=False).encode())
         if self.trackers is not None:
             self.trackers.log_config(flatten(tree))
@@ -472,11 +472,19 @@ def read_run(path: str | Path) -> dict[str, Any]:
     return {"dir": path, "config": flatten(cfg.model_dump(mode="json")), "summary": summary, "metrics": metrics}
 
 
-def config_checksum(cfg: RunConfig) -> str:
-    """The checksum (:func:`fedsim.integrity.digest`) of what ``cfg`` says a run learns: its keys but
-    :data:`NOT_LEARNING`'s, which a resumed run may change (its directory moved) and reports ignore."""
-    tree = flatten(cfg.model_dump(mode="json"))
-    return digest({key: value for key, value in tree.items() if not key.startswith(NOT_LEARNING)})
+def config_tree(cfg: RunConfig) -> dict[str, Any]:
+    """The sections of ``cfg`` as a run directory's config.yaml holds them."""
+    return cfg.model_dump(mode="json")
+
+
+def config_checksum(tree: dict[str, Any]) -> str:
+    """The checksum (:func:`fedsim.integrity.digest`) of what a config's sections ``tree`` (as config.yaml holds
+    them) say a run learns: its keys but :data:`NOT_LEARNING`'s, which a resumed run may change (its directory
+    moved) and reports ignore. Of the file's own keys (:func:`config_tree` where the run writes it), not of a
+    validated config's: a later fedsim that adds a key (with its default) still finds an earlier run's
+    config.yaml unchanged."""
+    flat = flatten(tree)
+    return digest({key: value for key, value in flat.items() if not key.startswith(NOT_LEARNING)})
 
 
 def check_summary(path: Path, cfg: RunConfig, summary: dict[str, Any]) -> None:
@@ -490,7 +498,7 @@ def check_summary(path: Path, cfg: RunConfig, summary: dict[str, Any]) -> None:
             f"is {cfg.train.rounds}: {_RESTORE}"
         )
     recorded = summary.get(CONFIG_CHECKSUM)
-    if recorded is not None and recorded != config_checksum(cfg):
+    if recorded is not None and recorded != config_checksum(read_yaml(path / "config.yaml", "the run's config.yaml")):
         raise FedsimError(
             f"{path}: config.yaml is not the config the run finished with ({CONFIG_CHECKSUM} in summary.json "
             f"differs; edited after the run, or another run's): {_RESTORE}"

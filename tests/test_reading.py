@@ -17,7 +17,7 @@ import pytest
 
 from fedsim.cli import main
 from fedsim.config import parse_config
-from fedsim.rundir import CONFIG_CHECKSUM, RunDir, config_checksum
+from fedsim.rundir import CONFIG_CHECKSUM, RunDir, config_checksum, config_tree
 from tests.conftest import small_config, write_config
 
 
@@ -139,7 +139,7 @@ def finished_run(root: Path, name: str = "r", **sections: object) -> Path:
     out.write_config(cfg)
     for line in METRICS:
         out.append_metrics(line)
-    out.write_summary({**SUMMARY, CONFIG_CHECKSUM: config_checksum(cfg)})
+    out.write_summary({**SUMMARY, CONFIG_CHECKSUM: config_checksum(config_tree(cfg))})
     return run_dir
 
 

@@ -168,3 +168,21 @@ def test_a_finished_run_records_its_configs_checksum(finished: Path) -> None:
     summary = json.loads((finished / "seed0" / "summary.json").read_text())
     other = json.loads((finished / "seed1" / "summary.json").read_text())
     assert len(summary["config_sha256"]) == 64 and summary["config_sha256"] != other["config_sha256"]  # the seed
+
+
+def test_a_run_of_an_earlier_fedsim_is_read_after_a_config_key_is_added(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The checksum is of config.yaml's own keys: a run made before a key existed (its config.yaml without it,
+    its summary's checksum of that file) is read by a fedsim that has the key, with its default."""
+    from fedsim.rundir import config_checksum
+
+    runs = tmp_path / "runs"
+    shutil.copytree(finished, runs)
+    path = runs / "seed0" / "config.yaml"
+    tree = yaml.safe_load(path.read_text())
+    assert tree["train"].pop("weight_decay") == 0.0  # as if fedsim had not had it: its default since
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    edit_json(runs / "seed0" / "summary.json", config_sha256=config_checksum(tree))
+    assert main(["report", str(runs), "--out", str(tmp_path / "rep")]) == 0, capsys.readouterr().err
+    assert [row["seeds"] for row in csv.DictReader(open(tmp_path / "rep" / "results.csv"))] == ["2"]

@@ -29,7 +29,7 @@ from fedsim.data.fingerprint import DATA_FINGERPRINT
 from fedsim.engines.layout import torch_threads
 from fedsim.errors import ConfigError, TrainingError
 from fedsim.experiment import Experiment, build_server
-from fedsim.rundir import CONFIG_CHECKSUM, MODEL_CHECKSUM, RunDir, config_checksum, default_run_dir
+from fedsim.rundir import CONFIG_CHECKSUM, MODEL_CHECKSUM, RunDir, config_checksum, config_tree, default_run_dir
 from fedsim.server.checkpoint import Checkpoint, Checkpointer, set_rng_state
 from fedsim.server.contract import CheckedStrategy
 from fedsim.server.discovery import discover_partitions
@@ -216,7 +216,7 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
         reporter.progress.stop()
     summary = reporter.summary(done)
     summary[DATA_FINGERPRINT] = data_sha256
-    summary[CONFIG_CHECKSUM] = config_checksum(cfg)
+    summary[CONFIG_CHECKSUM] = config_checksum(config_tree(cfg))
     if cfg.output.save_model:
         summary[MODEL_CHECKSUM] = out.save_model(arrays.to_torch_state_dict())
     checkpoints.finish()
