@@ -140,13 +140,44 @@ def build_image(base: str, wheels: Path) -> None:
 # --- Compose projects -------------------------------------------------------------------------------
 
 
+COMPOSE_V2 = CACHE / "compose-v2" / "usr" / "libexec" / "docker" / "cli-plugins" / "docker-compose"
+COMPOSE_V2_SUITE = "trixie"  # Debian 13, whose docker-compose package is Compose v2 (Debian 12's is 1.29)
+
+
+def fetch_compose_v2() -> None:
+    """Compose v2 where ``docker compose`` is not installed: Debian 13's docker-compose package (a static
+    binary) downloaded with apt-get into the cache and unpacked there, not installed (this machine stays
+    Debian 12). Raises Unavailable where apt-get cannot run or reach Debian."""
+    if COMPOSE_V2.exists() or sh(["docker", "compose", "version"], 60, check=False).returncode == 0:
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise Unavailable("no docker compose, and no apt-get as root to fetch Debian's Compose v2")
+    apt = CACHE / f"apt-{COMPOSE_V2_SUITE}"
+    (apt / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+    (apt / "archives" / "partial").mkdir(parents=True, exist_ok=True)
+    (apt / "sources.list").write_text(f"deb http://deb.debian.org/debian {COMPOSE_V2_SUITE} main\n")
+    options = [f"Dir::Etc::SourceList={apt / 'sources.list'}", "Dir::Etc::SourceParts=/nonexistent",
+               f"Dir::State::Lists={apt / 'lists'}", f"Dir::Cache={apt}", "Dir::State::status=/dev/null",
+               "Debug::NoLocking=1"]  # fmt: skip
+    apt_get = ["apt-get", "-qq", *(arg for opt in options for arg in ("-o", opt))]
+    for cmd in ([*apt_get, "update"], [*apt_get, "download", "docker-compose"]):
+        if (res := sh(cmd, 600, check=False, cwd=apt)).returncode != 0:
+            raise Unavailable(f"Debian's Compose v2 could not be fetched: {res.stderr.strip()[-500:]}")
+    (deb,) = apt.glob("docker-compose_*.deb")
+    sh(["dpkg", "-x", str(deb), str(CACHE / "compose-v2")], 120)
+    deb.unlink()
+
+
 def compose_programs() -> dict[str, list[str]]:
-    """The Compose implementations here: Debian 12's docker-compose 1.29, and Compose v2 where installed."""
+    """The Compose implementations here: Debian 12's docker-compose 1.29, and Compose v2 (``docker compose``
+    where installed, else the binary :func:`fetch_compose_v2` unpacked)."""
     found = {}
     if shutil.which("docker-compose") and sh(["docker-compose", "version"], 60, check=False).returncode == 0:
         found["docker-compose 1.29"] = ["docker-compose"]
     if sh(["docker", "compose", "version"], 60, check=False).returncode == 0:
         found["compose v2"] = ["docker", "compose"]
+    elif COMPOSE_V2.exists() and sh([str(COMPOSE_V2), "version"], 60, check=False).returncode == 0:
+        found["compose v2"] = [str(COMPOSE_V2)]
     return found
 
 
@@ -253,7 +284,11 @@ class Project:
         return sh([*self.cmd, *args], timeout, check, cwd=self.dir, env=self.env)
 
     def container(self, service: str) -> str:
-        (cid,) = self("ps", "-q", service).stdout.split()
+        """The service's container, running or exited (Compose v2's ``ps`` lists running ones only), not a
+        one-off ``run``'s: found by the labels both Compose programs set."""
+        labels = {"project": self.name, "service": service, "oneoff": "False"}
+        filters = [f"label=com.docker.compose.{key}={value}" for key, value in labels.items()]
+        (cid,) = docker("ps", "-aq", *(arg for f in filters for arg in ("--filter", f))).stdout.split()
         return cid
 
     def pid(self, service: str) -> int:

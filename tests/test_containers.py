@@ -40,6 +40,7 @@ from tests.container_support import (
     compose_programs,
     docker,
     docker_engine,
+    fetch_compose_v2,
     nodes_host,
     one_network_namespace,
     received_bytes,
@@ -68,12 +69,19 @@ def image() -> Iterator[str]:
         pytest.skip(f"no Docker Engine can run here: {why}")
 
 
-@pytest.fixture(scope="module")
-def compose_program(image: str) -> list[str]:
+@pytest.fixture(scope="module", params=["docker-compose 1.29", "compose v2"])
+def compose_program(request: pytest.FixtureRequest, image: str) -> list[str]:
+    """Each test under both Compose programs the generated file is for: Debian 12's, and Compose v2 (fetched
+    from Debian 13 where not installed)."""
+    if request.param == "compose v2":
+        try:
+            fetch_compose_v2()
+        except Unavailable as why:
+            pytest.skip(str(why))
     programs = compose_programs()
-    if not programs:
-        pytest.skip("neither docker-compose nor docker compose is installed")
-    return next(iter(programs.values()))  # Debian 12's docker-compose 1.29 where both are there
+    if request.param not in programs:
+        pytest.skip(f"{request.param} is not installed")
+    return programs[request.param]
 
 
 def write_project(tmp_path: Path, *settings: str, options: tuple[str, ...] = (), short: bool = True) -> Path:
