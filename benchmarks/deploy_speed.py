@@ -1,12 +1,14 @@
 """Seconds per round of the same config under ``fedsim run``, ``fedsim deploy`` and ``fedsim compose``, interleaved.
 
-    python benchmarks/deploy_speed.py                   # both settings, 2 repetitions (about 15 minutes)
+    python benchmarks/deploy_speed.py                   # every setting, 2 repetitions (about 25 minutes)
     python benchmarks/deploy_speed.py --setting quickstart --repeats 1 --rounds 6
 
-Settings: ``quickstart`` (configs/quickstart.yaml at 3 clients, evaluation every round) and ``paper``
+Settings: ``quickstart`` (configs/quickstart.yaml at 3 clients, evaluation every round), ``paper``
 (configs/cifar10_1class_fedavg.yaml: CIFAR-10 q75, 10 clients, 10 local steps of batch 32, evaluation
-every 100 rounds). Each repetition runs every mode once, one after the other, so that a change of load
-on the machine falls on both. s/round is the run's ``steady_s_per_round`` (summary.json: the mean
+every 100 rounds) and ``paper-1step``: the paper setting with each client's work cut to one step of one
+image, its Messages unchanged, which measures what a deployed round costs beyond the clients' work. Each
+repetition runs every mode once, one after the other, so that a change of load
+on the machine falls on all. s/round is the run's ``steady_s_per_round`` (summary.json: the mean
 round time after the first, which pays for start-up). ``fedsim compose`` runs the same SuperLink and
 ``fedsim-supernode`` commands in containers: its project is written, brought up with Compose in one network
 namespace (tests/container_support.py's override, as the container test runs it: no Docker network) and
@@ -37,6 +39,12 @@ from tests.container_support import IMAGE, Project, compose_programs, docker, en
 SETTINGS = {
     "quickstart": ("configs/quickstart.yaml", ["train.num_clients=3", "eval.every=1"]),
     "paper": ("configs/cifar10_1class_fedavg.yaml", ["eval.every=100"]),
+    # the paper setting with the clients' work cut to one step of one image, Messages unchanged: what a
+    # round costs beyond that work (under fedsim deploy: Flower's transport, the tasks' processes)
+    "paper-1step": (
+        "configs/cifar10_1class_fedavg.yaml",
+        ["eval.every=100", "train.local_steps=1", "train.batch_size=1"],
+    ),
 }
 MODES = ("run", "deploy", "compose")
 ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "RAY_USAGE_STATS_ENABLED": "0"}
