@@ -332,7 +332,7 @@ def listening(pid: int) -> set[str]:
 
 @pytest.mark.long
 def test_tls_and_supernode_auth_across_network_namespaces(
-    tmp_path: Path, nodes_namespace: tuple[str, str, str]
+    tmp_path: Path, nodes_namespace: tuple[str, str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import threading
 
@@ -345,6 +345,8 @@ def test_tls_and_supernode_auth_across_network_namespaces(
     from fedsim.server.checkpoint import resume_config
 
     ns, address, interface = nodes_namespace
+    # the deployment's processes import the test plugin, as fedsim_deploy's do
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     killer = {"name": "tests.plugins.superlink_killer:KillSuperLink", "kill_round": 2}
     hosts = {"address": address, "tls": True, "supernode_auth": True}
     cfg = parse_config(deploy_config(tmp_path, strategy=killer, train={"rounds": 3}, eval={"every": 1},
