@@ -163,6 +163,7 @@ def test_killed_deploy_resumes_to_the_simulation_metrics_and_stops_every_process
 
 
 @pytest.mark.long
+@pytest.mark.hosts  # .ci/run runs it after the README's suite, which stays under its time
 def test_a_killed_serverapp_ends_the_deploy_with_its_log_and_stops_every_process(tmp_path: Path) -> None:
     """A ServerApp SIGKILLed as round 2 starts writes neither summary nor error: the launcher, which watches that
     process, says so in one line naming its log and stops everything; the run directory keeps round 1's
@@ -331,6 +332,7 @@ def listening(pid: int) -> set[str]:
 
 
 @pytest.mark.long
+@pytest.mark.hosts  # .ci/run runs it after the README's suite, which stays under its time
 def test_tls_and_supernode_auth_across_network_namespaces(
     tmp_path: Path, nodes_namespace: tuple[str, str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
