@@ -230,7 +230,6 @@ class LocalDeployment:
 
     def follow(self, run_id: int, progress: RoundProgress) -> dict[str, Any]:
         """Show progress until the ServerApp writes its summary (or its error)."""
-        summary, error = self.run_dir / SUMMARY, self.run_dir / ERROR
         next_status, next_look = time.monotonic() + STATUS_EVERY_S, time.monotonic() + LOOK_EVERY_S
         serverapp_seen = False
         while True:
@@ -256,7 +255,7 @@ class LocalDeployment:
                 except FedsimError:  # the flwr CLI found no SuperLink: say why, if that is why
                     self._check_superlink()
                     raise
-                if status.startswith("finished") and not summary.exists() and not error.exists():
+                if status.startswith("finished") and ended(self.run_dir) is None:  # as above: neither written since
                     raise self.no_summary(run_id, f"ended as {status}")
                 next_status = time.monotonic() + (STATUS_BACKSTOP_S if serverapp_seen else STATUS_EVERY_S)
             time.sleep(0.3)
