@@ -16,7 +16,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from fedsim.rundir import CONFIG_CHECKSUM, MODEL_CHECKSUM
+from fedsim.rundir import CHECKSUMS
 
 console = Console(stderr=True)
 
@@ -43,7 +43,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in summary.items():
-        if key in (MODEL_CHECKSUM, CONFIG_CHECKSUM):  # for fedsim to check files against, not for reading
+        if key in CHECKSUMS:  # for fedsim to check files against, not for reading
             continue
         if isinstance(value, float):
             value = f"{value:.4f}"

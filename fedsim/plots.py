@@ -29,9 +29,9 @@ from fedsim.errors import ConfigError, FedsimError
 from fedsim.local import read_request
 from fedsim.rundir import (
     LOCAL_JSON,
+    RECORD_FILES,
     make_results_dir,
     read_metrics,
-    read_partition,
     read_run,
     resolved,
     runs_root,
@@ -189,9 +189,9 @@ def plot_label_distribution(runs: list[dict[str, Any]], path: Path) -> int:
     """Training samples per client and class, one panel per distinct partition; returns the panel count."""
     panels: dict[bytes, tuple[list[str], np.ndarray, list[str]]] = {}
     for run, label in zip(runs, run_labels(runs), strict=True):
-        if not (run["dir"] / "partition.csv").exists():
+        if run["partition"] is None:
             continue
-        classes, counts = read_partition(run["dir"])
+        classes, counts = run["partition"]
         train = counts["train"]
         key = "\n".join(classes).encode() + train.tobytes()
         panels.setdefault(key, (classes, train, []))[2].append(label)
@@ -300,11 +300,21 @@ def _percent(value: float | None) -> float:
 
 
 def find_runs(paths: list[str | Path]) -> list[Path]:
-    """Run directories: each path itself if it holds a run, else every run directory below it."""
+    """Run directories: each path itself if it holds a run, else every run directory below it; a directory
+    holding any file of a run's record (:data:`RECORD_FILES`) is one, to be read whole or refused, not passed by
+    for a file it lacks."""
     found: list[Path] = []
     for p in _directories(paths):
-        found += [p] if (p / "config.yaml").exists() else sorted(c.parent for c in p.rglob("config.yaml"))
+        if _holds_a_run(p):
+            found.append(p)
+        else:
+            found += sorted({f.parent for name in RECORD_FILES for f in p.rglob(name) if _holds_a_run(f.parent)})
     return _once_each(found)
+
+
+def _holds_a_run(path: Path) -> bool:
+    """``path`` holds a run's record (a ``fedsim local`` continuation's metrics.jsonl is not one)."""
+    return not (path / LOCAL_JSON).exists() and any((path / name).is_file() for name in RECORD_FILES)
 
 
 def find_continuations(paths: list[str | Path]) -> list[Path]:
@@ -346,10 +356,7 @@ def write_plots(
         raise FedsimError(
             f"no run directories (config.yaml) or fedsim local results (local.json) in {', '.join(map(str, paths))}"
         )
-    for run in runs:  # a damaged file stops before any figure is written, not half-way
-        if (run["dir"] / "partition.csv").exists():
-            read_partition(run["dir"])
-    for local in continuations:
+    for local in continuations:  # a damaged file stops before any figure is written, not half-way
         read_request(local)
     out = Path(out)
     make_results_dir(out, "--out")

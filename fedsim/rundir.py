@@ -54,6 +54,8 @@ SUMMARY = "summary.json"
 CHECKPOINT = "checkpoint.pt"
 MODEL_CHECKSUM = "model_sha256"  # summary.json: model.pt's checksum (fedsim.integrity)
 CONFIG_CHECKSUM = "config_sha256"  # summary.json: config.yaml's checksum (config_checksum)
+PARTITION_CHECKSUM = "partition_sha256"  # summary.json: partition.csv's checksum (partition_checksum)
+CHECKSUMS = (MODEL_CHECKSUM, CONFIG_CHECKSUM, PARTITION_CHECKSUM)  # summary.json's keys for fedsim, not for reading
 CLIENT_STATE = "client_state"  # the nodes' state files of a checkpoint, under the run directory (by default)
 LOCK = ".lock"
 # A launcher that holds a run directory for the ServerApp it starts (fedsim deploy) names it here
@@ -61,6 +63,8 @@ HELD_ENV = "FEDSIM_RUN_DIR_HELD"
 # What a run leaves behind: what a fresh run clears from a killed run's directory
 RUN_FILES = ("config.yaml", "partition.csv", "metrics.jsonl", SUMMARY, "model.pt", CHECKPOINT, PROGRESS, ERROR)
 RUN_DIRS = ("tb", CLIENT_STATE, "deploy")
+# The files of a run's record: a directory holding any of them is a run directory to read back, whole
+RECORD_FILES = ("config.yaml", "partition.csv", "metrics.jsonl", SUMMARY, CHECKPOINT, PROGRESS)
 LOCAL_JSON = "local.json"  # what `fedsim local` ran, in RUN_DIR/local-<k>/ (fedsim.local)
 
 
@@ -219,12 +223,14 @@ class RunDir:
         if self.trackers is not None:
             self.trackers.log_config(flatten(tree))
 
-    def write_partition(self, train_counts: np.ndarray, test_counts: np.ndarray, classes: list[str]) -> None:
+    def write_partition(self, train_counts: np.ndarray, test_counts: np.ndarray, classes: list[str]) -> str:
+        """Write ``partition.csv``; returns its :func:`partition_checksum`, which the summary records."""
         lines = ["split,client," + ",".join(classes) + ",total"]
         for split, counts in (("train", train_counts), ("test", test_counts)):
             for cid, row in enumerate(counts):
                 lines.append(f"{split},{cid}," + ",".join(str(int(v)) for v in row) + f",{int(row.sum())}")
         atomic_write(self.path / "partition.csv", ("\n".join(lines) + "\n").encode())
+        return partition_checksum(classes, {"train": train_counts, "test": test_counts})
 
     def restore_metrics(self, records: list[dict[str, Any]]) -> None:
         """A resumed run: the lines up to its checkpoint, dropping any the killed run wrote after it."""
@@ -374,6 +380,7 @@ class Summary(Written):
     best_client_mean_acc: float | None = Field(ge=0, le=1)
     final_global_acc: float | None = Field(ge=0, le=1)
     config_sha256: str | None = None  # absent from the summaries of a fedsim before it (config_checksum)
+    partition_sha256: str | None = None  # absent from the summaries of a fedsim before it (partition_checksum)
 
 
 def final_accuracies(metrics: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -457,11 +464,17 @@ _RESTORE = "restore the whole run directory, or move it out of the directories g
 
 
 def read_run(path: str | Path) -> dict[str, Any]:
-    """A run directory read back: ``dir``, ``config`` (flattened), ``summary`` (None while running), ``metrics``.
+    """A run directory read back: ``dir``, ``config`` (flattened), ``summary`` (None while running), ``metrics``,
+    ``partition`` (:func:`read_partition`; None without ``partition.csv``).
 
     A file that is not what fedsim writes (edited, truncated, another program's), or one that disagrees with
-    the others (:func:`check_summary`, :func:`check_evaluations`), is an error naming it."""
+    the others (:func:`check_summary`, :func:`check_evaluations`, :func:`check_partition`), is an error naming
+    it; so is a directory holding a run's files without its ``config.yaml``."""
     path = Path(path)
+    if not (path / "config.yaml").exists():
+        held = [name for name in RECORD_FILES if (path / name).exists()]
+        raise FedsimError(f"{path}: a run directory ({', '.join(held)}) without its config.yaml, which says what the "
+                          f"run was: {_RESTORE}")  # fmt: skip
     cfg = read_run_config(path / "config.yaml", read_back=True)
     summary = read_summary(path) if (path / SUMMARY).exists() else None
     if summary is not None:
@@ -469,7 +482,16 @@ def read_run(path: str | Path) -> dict[str, Any]:
     cadence = EvalCadence(cfg.eval.every, cfg.train.rounds)
     metrics = read_metrics(path, last=cfg.train.rounds, cadence=cadence)
     check_evaluations(path, cadence, summary, metrics)
-    return {"dir": path, "config": flatten(cfg.model_dump(mode="json")), "summary": summary, "metrics": metrics}
+    partition = read_partition(path) if (path / "partition.csv").exists() else None
+    if partition is not None:
+        check_partition(path, cfg, summary, *partition)
+    return {
+        "dir": path,
+        "config": flatten(cfg.model_dump(mode="json")),
+        "summary": summary,
+        "metrics": metrics,
+        "partition": partition,
+    }
 
 
 def config_tree(cfg: RunConfig) -> dict[str, Any]:
@@ -542,6 +564,33 @@ def check_evaluations(
         )
 
 
+def partition_checksum(classes: list[str], counts: dict[str, np.ndarray]) -> str:
+    """The checksum (:func:`fedsim.integrity.digest`) of a partition table: its class names and, per split, the
+    clients x classes counts (of what the table says, not of its bytes)."""
+    return digest({"classes": list(classes), **{split: c.tolist() for split, c in counts.items()}})
+
+
+def check_partition(
+    path: Path, cfg: RunConfig, summary: dict[str, Any] | None, classes: list[str], counts: dict[str, np.ndarray]
+) -> None:
+    """A run's ``partition.csv`` is its own: a row per client of its config in each split and, where a finished
+    run's summary records one (a fedsim since it did), the same :func:`partition_checksum`. Another run's table
+    (another seed, beta or dataset) drew a label distribution the run never trained on."""
+    file = path / "partition.csv"
+    shapes = {split: len(c) for split, c in counts.items()}
+    if sorted(shapes) != ["test", "train"] or set(shapes.values()) != {cfg.train.num_clients}:
+        raise FedsimError(
+            f"{file}: rows per split {shapes}, where the run's config.yaml has {cfg.train.num_clients} clients "
+            f"(train.num_clients) in each of train and test: {_RESTORE}"
+        )
+    recorded = (summary or {}).get(PARTITION_CHECKSUM)
+    if recorded is not None and recorded != partition_checksum(classes, counts):
+        raise FedsimError(
+            f"{path}: partition.csv is not the partition the run trained on ({PARTITION_CHECKSUM} in summary.json "
+            f"differs; edited after the run, or another run's): {_RESTORE}"
+        )
+
+
 # Config keys that do not change what a run learns: reports, sweeps and resume ignore them
 NOT_LEARNING = ("name", "output.", "simulation.", "diagnostics.", "deploy.")
 _IGNORED = ("seed", *NOT_LEARNING)  # reports also average over seeds
@@ -555,10 +604,7 @@ def varying_keys(runs: list[dict[str, Any]]) -> list[str]:
     do not change what a run learns (seeds are what ``fedsim report`` averages over).
     """
     keys = sorted({k for r in runs for k in r["config"]})
-    return [
-        k for k in keys
-        if not k.startswith(_IGNORED) and len({json.dumps(r["config"].get(k)) for r in runs}) > 1
-    ]
+    return [k for k in keys if not k.startswith(_IGNORED) and len({json.dumps(r["config"].get(k)) for r in runs}) > 1]
 
 
 def short_keys(keys: list[str], taken: tuple[str, ...] = ()) -> list[str]:

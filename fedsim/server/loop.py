@@ -29,7 +29,15 @@ from fedsim.data.fingerprint import DATA_FINGERPRINT
 from fedsim.engines.layout import torch_threads
 from fedsim.errors import ConfigError, TrainingError
 from fedsim.experiment import Experiment, build_server
-from fedsim.rundir import CONFIG_CHECKSUM, MODEL_CHECKSUM, RunDir, config_checksum, config_tree, default_run_dir
+from fedsim.rundir import (
+    CONFIG_CHECKSUM,
+    MODEL_CHECKSUM,
+    PARTITION_CHECKSUM,
+    RunDir,
+    config_checksum,
+    config_tree,
+    default_run_dir,
+)
 from fedsim.server.checkpoint import Checkpoint, Checkpointer, set_rng_state
 from fedsim.server.contract import CheckedStrategy
 from fedsim.server.discovery import discover_partitions
@@ -182,7 +190,7 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
     if resumed is not None:
         out.restore_metrics(resumed.metrics)
     ds = fed.dataset
-    out.write_partition(fed.train_counts, fed.test_counts, ds.classes)
+    partition_sha256 = out.write_partition(fed.train_counts, fed.test_counts, ds.classes)
     if show:
         console.print(partition_table(fed.train_counts, fed.test_counts, ds.classes))
         if fed.partition.note:
@@ -217,6 +225,7 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
     summary = reporter.summary(done)
     summary[DATA_FINGERPRINT] = data_sha256
     summary[CONFIG_CHECKSUM] = config_checksum(config_tree(cfg))
+    summary[PARTITION_CHECKSUM] = partition_sha256
     if cfg.output.save_model:
         summary[MODEL_CHECKSUM] = out.save_model(arrays.to_torch_state_dict())
     checkpoints.finish()
