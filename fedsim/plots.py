@@ -29,11 +29,11 @@ from fedsim.errors import ConfigError, FedsimError
 from fedsim.local import read_request
 from fedsim.rundir import (
     LOCAL_JSON,
-    RECORD_FILES,
     make_results_dir,
     read_metrics,
     read_run,
     resolved,
+    run_dirs,
     runs_root,
     seed_groups,
     short_keys,
@@ -300,21 +300,8 @@ def _percent(value: float | None) -> float:
 
 
 def find_runs(paths: list[str | Path]) -> list[Path]:
-    """Run directories: each path itself if it holds a run, else every run directory below it; a directory
-    holding any file of a run's record (:data:`RECORD_FILES`) is one, to be read whole or refused, not passed by
-    for a file it lacks."""
-    found: list[Path] = []
-    for p in _directories(paths):
-        if _holds_a_run(p):
-            found.append(p)
-        else:
-            found += sorted({f.parent for name in RECORD_FILES for f in p.rglob(name) if _holds_a_run(f.parent)})
-    return _once_each(found)
-
-
-def _holds_a_run(path: Path) -> bool:
-    """``path`` holds a run's record (a ``fedsim local`` continuation's metrics.jsonl is not one)."""
-    return not (path / LOCAL_JSON).exists() and any((path / name).is_file() for name in RECORD_FILES)
+    """Run directories (:func:`fedsim.rundir.run_dirs`) of each path, each once."""
+    return _once_each([run for p in _directories(paths) for run in run_dirs(p)])
 
 
 def find_continuations(paths: list[str | Path]) -> list[Path]:

@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 
 from fedsim.errors import FedsimError
-from fedsim.ownership import MARKER, owner
 from fedsim.plots import plot_accuracy, plot_final_vs
 from fedsim.rundir import (
     SUMMARY,
     atomic_write,
     make_results_dir,
     read_run,
+    run_dirs,
     runs_root,
     seed_groups,
     short_keys,
@@ -33,7 +33,7 @@ from fedsim.rundir import (
 
 def load_runs(root: Path) -> list[dict[str, Any]]:
     """Every finished run (one with ``summary.json``) under the directory ``root``."""
-    runs = [read_run(summary_path.parent) for summary_path in sorted(runs_root(root, "DIR").rglob(SUMMARY))]
+    runs = [read_run(path) for path in run_dirs(runs_root(root, "DIR")) if (path / SUMMARY).exists()]
     if not runs:
         raise FedsimError(f"no finished runs (summary.json) under {root}")
     return runs
@@ -42,8 +42,7 @@ def load_runs(root: Path) -> list[dict[str, Any]]:
 def unfinished(root: Path) -> list[Path]:
     """The run directories under ``root`` that the report leaves out, having no ``summary.json`` (running,
     stopped, failed): said, so that a seed missing from a mean is not missed."""
-    runs = (mark.parent for mark in sorted(Path(root).rglob(MARKER)) if owner(mark.parent) == "run")
-    return [run for run in runs if not (run / SUMMARY).exists()]
+    return [path for path in run_dirs(Path(root)) if not (path / SUMMARY).exists()]
 
 
 def _mean_std(values: list[float]) -> str:

@@ -463,6 +463,20 @@ class LostEvaluations(FedsimWarning):
 _RESTORE = "restore the whole run directory, or move it out of the directories given"
 
 
+def holds_a_run(path: Path) -> bool:
+    """``path`` holds a run's record (:data:`RECORD_FILES`; a ``fedsim local`` continuation's metrics.jsonl is not
+    one), marked as fedsim's or not: a run directory cloned from a repository has no mark."""
+    return not (path / LOCAL_JSON).exists() and any((path / name).is_file() for name in RECORD_FILES)
+
+
+def run_dirs(root: Path) -> list[Path]:
+    """``root`` if it holds a run, else every directory below it that does, in order: each to be read whole
+    (:func:`read_run`) or refused, never passed over for a file it lacks."""
+    if holds_a_run(root):
+        return [root]
+    return sorted({f.parent for name in RECORD_FILES for f in root.rglob(name) if holds_a_run(f.parent)})
+
+
 def read_run(path: str | Path) -> dict[str, Any]:
     """A run directory read back: ``dir``, ``config`` (flattened), ``summary`` (None while running), ``metrics``,
     ``partition`` (:func:`read_partition`; None without ``partition.csv``).

@@ -296,14 +296,21 @@ def test_a_run_named_twice_is_one_run(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def test_report_names_the_runs_it_leaves_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A run without summary.json (running, stopped, failed) is not in the table: said on stderr, as plot says
-    what it skips; the mean over the seeds that did finish was shown with one seed fewer and no word."""
+    what it skips; the mean over the seeds that did finish was shown with one seed fewer and no word. So is one
+    without fedsim's mark (.fedsim), as a run directory cloned from a repository is (results/full-budget's)."""
     import csv
+    import shutil
 
     finished_run(tmp_path / "runs")
     stopped = finished_run(tmp_path / "runs", "seed1", seed=1)
     (stopped / "summary.json").unlink()
+    cloned = tmp_path / "runs" / "seed1-cloned"
+    shutil.copytree(stopped, cloned)
+    (cloned / ".fedsim").unlink()
     assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
-    assert capsys.readouterr().err == f"fedsim: skipped {stopped}: not finished (no summary.json)\n"
+    assert capsys.readouterr().err == "".join(
+        f"fedsim: skipped {run}: not finished (no summary.json)\n" for run in (stopped, cloned)
+    )
     assert [row["seeds"] for row in csv.DictReader(open(tmp_path / "rep" / "results.csv"))] == ["1"]
 
 
