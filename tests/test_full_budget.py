@@ -66,3 +66,26 @@ def test_the_front_page_states_the_tables_rounds() -> None:
     assert front, "README.md names no full-budget cell"
     for method, classes, done in front:
         assert table[f"{method.lower()}-{classes}class-seed0"] == number(done), (method, classes, done)
+
+
+# | FedLN (FedAvg + LN) | 77.10 | 78.04 | 40.16 ± 2.50 |   (the front page's full-budget table)
+FRONT_ROW = re.compile(
+    r"^\| (?P<method>FedAvg|FedLN|FedYogi)[^|,]*(?:, (?P<classes>\d) classes)? \| (?P<ours>[^|]+) \|"
+)
+
+
+def test_the_front_pages_full_budget_table_is_the_cells_own() -> None:
+    """Each number of the README's full-budget table is its cell's final client-mean accuracy (summary.json);
+    a cell said to be running has a directory and no summary, one not started has no directory."""
+    found = [m for line in (REPO / "README.md").read_text().splitlines() if (m := FRONT_ROW.match(line))]
+    assert len(found) == 5, [m.group(0) for m in found]
+    for row in found:
+        cell = RESULTS / f"{row['method'].lower()}-{row['classes'] or 1}class-seed0"
+        ours = row["ours"].strip()
+        if ours == "not started":
+            assert not cell.exists(), cell
+        elif ours == "running":
+            assert cell.is_dir() and not (cell / "summary.json").exists(), cell
+        else:
+            summary = json.loads((cell / "summary.json").read_text())
+            assert summary["rounds"] == 10_000 and float(ours) == round(100 * summary["final_client_mean_acc"], 2)
