@@ -138,11 +138,26 @@ class LocalRequest(Written):
     batch_size: int = Field(ge=1)
     augment: bool
     overrides: list[str] = []  # absent from the first fedsim local's files
+    model_sha256: str | None = None  # the model it continued (the run's summary.json); absent from earlier files
 
 
 def read_request(local: str | Path) -> dict[str, Any]:
-    """``local.json`` of the continuation in ``local``, as written, once it is what fedsim writes."""
-    return read_json(Path(local) / LOCAL_JSON, LocalRequest, "fedsim local's request", error=FedsimError)
+    """``local.json`` of the continuation in ``local``, as written, once it is what fedsim writes, and a
+    continuation of the model its run directory (``local``'s parent) holds: one left behind when the run was
+    re-run in its directory, or copied into another run's, was drawn as a continuation of that run's model."""
+    local = Path(local)
+    request = read_json(local / LOCAL_JSON, LocalRequest, "fedsim local's request", error=FedsimError)
+    recorded = request.get(MODEL_CHECKSUM)
+    if recorded is not None:
+        summary = local.parent / SUMMARY
+        model = read_summary(local.parent).get(MODEL_CHECKSUM) if summary.exists() else None
+        if model != recorded:
+            raise FedsimError(
+                f"{local}: a continuation of another model than its run's ({MODEL_CHECKSUM} in local.json is not "
+                f"the one in {summary}: the run was run again since, or this directory was copied from another "
+                "run's); move or delete it"
+            )
+    return request
 
 
 def _check_same_request(path: Path, client: int, steps: int, every: int, overrides: list[str]) -> None:
@@ -209,7 +224,7 @@ def continue_locally(
             run_dir=str(Path(run_dir).resolve()), client=client, steps=steps, every=every,
             classes=[c for c, held in enumerate(own.tolist()) if held], lr=t.lr, momentum=t.momentum,
             weight_decay=t.weight_decay, batch_size=t.batch_size, augment=cfg.data.augment,
-            overrides=list(overrides or []),
+            overrides=list(overrides or []), model_sha256=summary.get(MODEL_CHECKSUM),
         )  # fmt: skip
         atomic_write(out.path / LOCAL_JSON, (request.model_dump_json(indent=2) + "\n").encode())
 

@@ -171,6 +171,33 @@ def test_another_request_never_replaces_a_continuation(finished_run: Path, capsy
     assert json.loads((out / "local.json").read_text()) == request and not (out / "metrics.jsonl").exists()
 
 
+def test_a_continuation_of_another_model_than_its_runs_is_refused(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """local.json records the model it continued: the run run again in its directory (another seed: another
+    model.pt), or a local-<k>/ copied into another run, is refused by fedsim plot and by fedsim local, not drawn
+    as a continuation of the model the run directory now holds."""
+    assert main(["local", str(finished_run), "--client", "1", "--steps", "2"]) == 0
+    capsys.readouterr()
+    run_dir = tmp_path / "copy"
+    shutil.copytree(finished_run, run_dir)
+    assert main(["plot", str(run_dir), "--out", str(tmp_path / "fig")]) == 0  # as it is: drawn
+    assert (tmp_path / "fig" / "local.png").is_file()
+    capsys.readouterr()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "model_sha256": "0" * 64}))  # another model's
+    local = run_dir / "local-1"
+    problem = (
+        f"fedsim: error: {local}: a continuation of another model than its run's (model_sha256 in local.json is "
+        f"not the one in {run_dir / 'summary.json'}: the run was run again since, or this directory was copied "
+        "from another run's); move or delete it"
+    )
+    for argv in (["plot", str(run_dir), "--out", str(tmp_path / "fig2")], ["plot", str(local)]):
+        assert main(argv) == 2
+        assert capsys.readouterr().err.strip() == problem
+    assert not (tmp_path / "fig2").exists() and not (local / "local.png").exists()
+
+
 def test_a_model_changed_on_disk_is_refused(
     finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
