@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from fedsim.config import RunConfig, apply_overrides, check_keys_once, load_config, parse_config
 from fedsim.errors import ConfigError, brief
-from fedsim.rundir import read_run
+from fedsim.rundir import read_run, run_dirs
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -64,8 +64,8 @@ class Sweep:
 
     @property
     def runs(self) -> list[Run]:
-        """Its run directories, as they are now."""
-        return [Run(p.parent) for p in sorted(self.dir.rglob("config.yaml")) if p.parent != self.dir]
+        """Its run directories, as they are now: those ``fedsim report`` reads (:func:`fedsim.rundir.run_dirs`)."""
+        return [Run(path) for path in run_dirs(self.dir)]
 
     def table(self, target: float = 0.5) -> pd.DataFrame:
         """``fedsim report``'s table of the finished runs: one row per setting, seeds pooled (mean ± std)."""

@@ -29,6 +29,7 @@ from fedsim.errors import ConfigError, FedsimError
 from fedsim.local import read_request
 from fedsim.rundir import (
     LOCAL_JSON,
+    directories_under,
     make_results_dir,
     read_metrics,
     read_run,
@@ -112,12 +113,14 @@ def plot_accuracy(
     over_seeds: bool = False,
     log_rounds: bool = False,
     references: Mapping[str, float] | None = None,
-) -> None:
-    """Client-mean accuracy (solid) and, ``with_global``, global-model accuracy (dashed) per round.
+) -> list[str]:
+    """Client-mean accuracy (solid) and, ``with_global``, global-model accuracy (dashed) per round; returns a note
+    per run or group left out of the figure, saying why (a run not evaluated yet).
 
     ``over_seeds``: one line per group of runs that differ only in their seed (:func:`seed_groups`),
-    the mean over the seeds, shaded ± one standard deviation, at the rounds every member evaluated.
-    ``log_rounds``: rounds on a log scale; ``references``: accuracies (%) to mark, e.g. a paper's.
+    the mean over the seeds that have evaluations (their count in the legend), shaded ± one standard deviation,
+    at the rounds every one of them evaluated. ``log_rounds``: rounds on a log scale; ``references``: accuracies
+    (%) to mark, e.g. a paper's.
     """
     fig = _figure(7, 4.5)
     ax = fig.add_subplot()
@@ -125,15 +128,27 @@ def plot_accuracy(
         groups = seed_groups(runs)
     else:
         groups = {label: [run] for run, label in zip(runs, run_labels(runs), strict=True)}
+    notes: list[str] = []
     for label, members in groups.items():
-        rounds, mean, std = mean_and_std(members, "client_mean_acc")
-        if not rounds:
+        # a seed not evaluated yet (a sweep under way) is left out and said: intersected with it, the group's
+        # rounds were none, and the finished seeds vanished from the figure without a word
+        drawn = [run for run in members if _series(run, "client_mean_acc")]
+        rest = f"; its config's line is the mean over the other {_seeds(len(drawn))}" if drawn else ""
+        notes += [
+            f"{run['dir']} in {path.name}: no client-mean accuracy evaluated yet{rest if over_seeds else ''}"
+            for run in members
+            if not _series(run, "client_mean_acc")
+        ]
+        if not drawn:
             continue
-        seeds = f" ({len(members)} seeds)" if over_seeds else ""
-        (line,) = ax.plot(rounds, mean, label=label + seeds)
-        if len(members) > 1:
+        rounds, mean, std = mean_and_std(drawn, "client_mean_acc")
+        if not rounds:  # evaluations lost from a file (LostEvaluations) can leave the seeds no round in common
+            notes.append(f"{label} in {path.name}: its {_seeds(len(drawn))} have no evaluated round in common")
+            continue
+        (line,) = ax.plot(rounds, mean, label=label + (f" ({_seeds(len(drawn))})" if over_seeds else ""))
+        if len(drawn) > 1:
             ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
-        glob_rounds, glob, _ = mean_and_std(members, "global_acc")
+        glob_rounds, glob, _ = mean_and_std(drawn, "global_acc")
         if with_global and glob_rounds:
             ax.plot(glob_rounds, glob, color=line.get_color(), linestyle="--", linewidth=1)
     _mark_references(ax, references or {})
@@ -142,8 +157,14 @@ def plot_accuracy(
     title = "client-mean accuracy" + (" (solid) and global-model accuracy (dashed)" if with_global else "")
     ax.set_title(title + (", mean ± std over seeds" if over_seeds else ""), fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    if ax.get_legend_handles_labels()[0]:  # none when no run is evaluated yet (said in the notes), not a warning
+        ax.legend(fontsize=7, loc="best")
     fig.savefig(path, dpi=_DPI)
+    return notes
+
+
+def _seeds(count: int) -> str:
+    return f"{count} seed{'s' if count != 1 else ''}"
 
 
 def mean_and_std(members: list[dict[str, Any]], key: str) -> tuple[list[int], np.ndarray, np.ndarray]:
@@ -305,11 +326,9 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
 
 
 def find_continuations(paths: list[str | Path]) -> list[Path]:
-    """``fedsim local`` output directories (``local.json``): each path itself, or any below it."""
-    found: list[Path] = []
-    for p in _directories(paths):
-        found += sorted(c.parent for c in p.rglob(LOCAL_JSON))
-    return _once_each(found)
+    """``fedsim local`` output directories (``local.json``): each path itself, or any below it
+    (:func:`fedsim.rundir.directories_under`)."""
+    return _once_each([d for p in _directories(paths) for d in directories_under(p) if (d / LOCAL_JSON).is_file()])
 
 
 def _once_each(found: list[Path]) -> list[Path]:
@@ -350,7 +369,7 @@ def write_plots(
     written: list[Path] = []
     notes: list[str] = []
     if runs:
-        plot_accuracy(runs, out / ACCURACY, True, over_seeds, log_rounds, references)
+        notes += plot_accuracy(runs, out / ACCURACY, True, over_seeds, log_rounds, references)
         written.append(out / ACCURACY)
         if plot_label_distribution(runs, out / LABELS):
             written.append(out / LABELS)

@@ -42,7 +42,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 from pydantic_core import PydanticCustomError
 
 from fedsim.config import RunConfig, read_run_config, read_yaml
-from fedsim.errors import FedsimError, FedsimWarning
+from fedsim.data.fingerprint import DATA_FINGERPRINT
+from fedsim.errors import DataError, FedsimError, FedsimWarning
 from fedsim.integrity import digest
 from fedsim.ownership import RESULTS, RESULTS_BESIDE, check_own, mark_own, unusable
 from fedsim.reading import SUMMARY_BYTES, read_json, read_json_lines, read_text
@@ -381,6 +382,7 @@ class Summary(Written):
     final_global_acc: float | None = Field(ge=0, le=1)
     config_sha256: str | None = None  # absent from the summaries of a fedsim before it (config_checksum)
     partition_sha256: str | None = None  # absent from the summaries of a fedsim before it (partition_checksum)
+    data_sha256: str | None = None  # absent from the summaries of a fedsim before it (fedsim.data.fingerprint)
 
 
 def final_accuracies(metrics: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -469,12 +471,27 @@ def holds_a_run(path: Path) -> bool:
     return not (path / LOCAL_JSON).exists() and any((path / name).is_file() for name in RECORD_FILES)
 
 
+def directories_under(root: Path) -> Iterator[Path]:
+    """``root`` and every directory below it, symlinks to directories followed (runs gathered into a folder by
+    link; Python 3.11's ``Path.rglob`` passes them over), each real directory once, as first reached in name
+    order: one reached twice is one, and a link back up is no loop."""
+    seen: set[str] = set()
+    for top, subdirs, _files in os.walk(root, followlinks=True):
+        subdirs.sort()
+        real = os.path.realpath(top)
+        if real in seen:
+            subdirs.clear()
+            continue
+        seen.add(real)
+        yield Path(top)
+
+
 def run_dirs(root: Path) -> list[Path]:
-    """``root`` if it holds a run, else every directory below it that does, in order: each to be read whole
-    (:func:`read_run`) or refused, never passed over for a file it lacks."""
+    """``root`` if it holds a run, else every directory below it that does (:func:`directories_under`), in order:
+    each to be read whole (:func:`read_run`) or refused, never passed over for a file it lacks."""
     if holds_a_run(root):
         return [root]
-    return sorted({f.parent for name in RECORD_FILES for f in root.rglob(name) if holds_a_run(f.parent)})
+    return [path for path in directories_under(root) if holds_a_run(path)]
 
 
 def read_run(path: str | Path) -> dict[str, Any]:
@@ -645,10 +662,14 @@ def seed_groups(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
     A group's runs have distinct seeds: two runs of one config and seed (a copied run directory, a run made
     twice) are one sample, and counted as two they would make the seed count and the std a lie, so they are
-    an error naming both directories."""
+    an error naming both directories. They trained on one dataset: finished runs whose summaries record other
+    data fingerprints (``data_sha256``; the file at ``data.root`` replaced between seeds) are an error naming
+    two of them, since their mean would be over two datasets under one label; a summary without one (a fedsim
+    before data fingerprints) is not compared."""
     keys = varying_keys(runs)
     groups: dict[str, list[dict[str, Any]]] = {}
     seeds: dict[tuple[str, str], dict[str, Any]] = {}
+    data: dict[str, dict[str, Any]] = {}  # a group's first run that records its data's fingerprint
     for run in runs:
         values = [(label, run["config"].get(k)) for label, k in zip(short_keys(keys), keys, strict=True)]
         label = ", ".join(f"{k}={v}" for k, v in values if v is not None) or "runs"
@@ -659,6 +680,15 @@ def seed_groups(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
                 f"{first['dir']} and {run['dir']} are both seed {seed} of one config ({', '.join(_NOT_LEARNING_NAMES)} "
                 "aside): runs are averaged over distinct seeds; move one of them out of the directories given"
             )
+        if (fingerprint := (run["summary"] or {}).get(DATA_FINGERPRINT)) is not None:
+            other = data.setdefault(label, run)["summary"][DATA_FINGERPRINT]
+            if other != fingerprint:
+                raise DataError(
+                    f"{data[label]['dir']} and {run['dir']} are seeds of one config trained on other data "
+                    f"({DATA_FINGERPRINT} {other[:16]}... and {fingerprint[:16]}... in their summary.json: "
+                    "data.root held other data): runs are averaged over one dataset; move the runs of the other data "
+                    "out of the directories given"
+                )
         groups.setdefault(label, []).append(run)
     return groups
 

@@ -22,7 +22,7 @@ Each run lands in ``<output>/<sweep name>/<cell name>/``: a ``name``, ``output.r
 given for a cell (:data:`SWEEP_OWNED`) is refused, as are two cells whose names collide. A run whose
 ``summary.json`` exists is skipped, so an interrupted sweep resumes where it stopped; one that finished
 with other settings (say a short ``--set train.rounds=20`` run where the full budget now goes) is an
-error, never silently taken for the cell.
+error, never silently taken for the cell; so is one without a readable ``config.yaml`` (a damaged run directory).
 
 Bad cells: every cell's config is validated before the first run starts, and each distinct dataset
 read once (not on a Ray cluster, whose nodes hold their own); if any cell is invalid the sweep runs
@@ -379,16 +379,21 @@ def state_of(cfg: RunConfig) -> str:
     after a checkpoint of the same settings), else ``"new"``.
 
     Raises if its directory holds a run of other settings (those that change what is learned), so a
-    short-budget run is never taken for a full-budget cell, nor continued, nor overwritten.
+    short-budget run is never taken for a full-budget cell, nor continued, nor overwritten; and if it holds
+    a run without a readable config.yaml mapping, which shows no settings to compare: a damaged run directory,
+    never taken for the cell's run (the user restores or deletes it).
     """
     run_dir = Path(cfg.output.run_dir or "")
     state = "done" if (run_dir / SUMMARY).exists() else "resume" if (run_dir / CHECKPOINT).exists() else "new"
     if state == "new":
         return state
+    what = f"a finished run ({SUMMARY})" if state == "done" else f"an unfinished run ({CHECKPOINT})"
     try:
-        raw = read_yaml(run_dir / "config.yaml", "the run's config.yaml") or {}
-    except ConfigError:
-        raw = {}
+        raw = read_yaml(run_dir / "config.yaml", "the run's config.yaml")
+    except ConfigError as err:
+        raise _damaged(run_dir, what, str(err)) from err
+    if not isinstance(raw, dict):
+        raise _damaged(run_dir, what, "its top level is not a mapping of sections")
     wanted = _leaves(cfg.model_dump(mode="json"))
     try:  # with today's defaults filled in, so options added since that run compare as their defaults
         saved = _leaves(RunConfig.model_validate(raw).model_dump(mode="json"))
@@ -402,13 +407,19 @@ def state_of(cfg: RunConfig) -> str:
         if not k.startswith(NOT_LEARNING) and json.dumps(saved.get(k)) != json.dumps(wanted.get(k))
     ]
     if differ:
-        what = "a finished run" if state == "done" else "an unfinished run"
         raise ConfigError(
             f"{run_dir} holds {what} with other settings ({'; '.join(differ[:3])}"
             f"{'; ...' if len(differ) > 3 else ''}): give this sweep its own --output directory, "
             f"or delete that run directory to redo it"
         )
     return state
+
+
+def _damaged(run_dir: Path, what: str, why: str) -> ConfigError:
+    return ConfigError(
+        f"{run_dir} holds {what} without a readable config.yaml ({why}), so nothing shows it is this cell's run: "
+        "a damaged run directory; restore its config.yaml, or delete that directory to redo the cell"
+    )
 
 
 def finished(cfg: RunConfig) -> bool:

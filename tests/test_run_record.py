@@ -223,3 +223,119 @@ def test_a_run_of_an_earlier_fedsim_is_read_after_a_config_key_is_added(
     edit_json(runs / "seed0" / "summary.json", config_sha256=config_checksum(tree))
     assert main(["report", str(runs), "--out", str(tmp_path / "rep")]) == 0, capsys.readouterr().err
     assert [row["seeds"] for row in csv.DictReader(open(tmp_path / "rep" / "results.csv"))] == ["2"]
+
+
+def test_runs_gathered_by_symlink_are_read_each_once(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder of links to run directories (a paper's runs gathered from a sweep): report, plot and the API read
+    through them (Path.rglob passed them over: the report showed 1 seed of 3, exit 0); a run reached twice (a link
+    to the runs' folder too) is one run, and a link back up is no loop."""
+    from fedsim import open_sweep
+    from fedsim.plots import find_runs
+
+    assert main(["report", str(finished), "--out", str(tmp_path / "direct")]) == 0
+    paper = tmp_path / "paper"
+    paper.mkdir()
+    (paper / "s0").symlink_to(finished / "seed0")
+    (paper / "s1").symlink_to(finished / "seed1")
+    (paper / "t").symlink_to(finished)  # both runs again, as t/seed0 and t/seed1
+    (paper / "up").symlink_to(paper)
+    found = [paper / "s0", paper / "s1"]  # each run by the first name reached, in name order
+    assert find_runs([paper]) == found and [run.dir for run in open_sweep(paper).runs] == found
+    assert main(["report", str(paper), "--out", str(tmp_path / "linked")]) == 0
+    assert (tmp_path / "linked" / "results.csv").read_text() == (tmp_path / "direct" / "results.csv").read_text()
+    assert [row["seeds"] for row in csv.DictReader(open(tmp_path / "linked" / "results.csv"))] == ["2"]
+    assert main(["plot", str(paper), "--mean-over-seeds", "--out", str(tmp_path / "fig")]) == 0
+    assert "fedsim: error" not in capsys.readouterr().err
+
+
+def stopped_before_its_first_evaluation(root: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A run of :func:`finished`'s config and ``seed`` interrupted in round 1 (Ctrl-C), before its first
+    evaluation (round 2): a seed of a sweep under way."""
+    from fedsim.server.reporter import RoundReporter
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    run_dir = root / f"seed{seed}"
+    monkeypatch.setattr(RoundReporter, "round_done", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(parse_config(small_config(root, seed=seed, train={"rounds": 5}, output={"run_dir": str(run_dir)})))
+    monkeypatch.undo()
+    assert not (run_dir / "metrics.jsonl").exists()
+    return run_dir
+
+
+def test_a_seed_not_evaluated_yet_is_left_out_of_its_mean_and_said(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """plot --mean-over-seeds with one seed not evaluated yet: its config's line is the mean of the seeds that
+    are, labelled with their count, and the seed left out is said (the rounds every seed evaluated were none, and
+    the whole config vanished from the figure without a word, exit 0)."""
+    runs = tmp_path / "runs"
+    shutil.copytree(finished, runs)
+    assert main(["plot", str(runs), "--mean-over-seeds", "--out", str(tmp_path / "two")]) == 0
+    stopped = stopped_before_its_first_evaluation(runs, 2, monkeypatch)
+    capsys.readouterr()
+    assert main(["plot", str(runs), "--mean-over-seeds", "--out", str(tmp_path / "three")]) == 0
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"fedsim: skipped {stopped} in accuracy.png: no client-mean accuracy evaluated yet; its config's line is the "
+        "mean over the other 2 seeds"
+    )
+    # the figure is the two evaluated seeds' own: the same mean, band and label ("runs (2 seeds)")
+    assert (tmp_path / "three" / "accuracy.png").read_bytes() == (tmp_path / "two" / "accuracy.png").read_bytes()
+    assert main(["plot", str(runs), "--out", str(tmp_path / "each")]) == 0
+    assert f"fedsim: skipped {stopped} in accuracy.png: no client-mean accuracy evaluated yet\n" in (
+        capsys.readouterr().err
+    )
+
+
+def test_seeds_that_share_no_evaluated_round_are_said_not_dropped(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Running seeds whose lines lost from metrics.jsonl leave them no round in common (seed 0 at round 4 with
+    round 2's line lost, seed 1 at round 2): no mean to draw, and said."""
+    runs = tmp_path / "runs"
+    shutil.copytree(finished, runs)
+    write_lines(runs / "seed0", lines(runs / "seed0")[1:2])
+    write_lines(runs / "seed1", lines(runs / "seed1")[:1])
+    for seed in (0, 1):
+        (runs / f"seed{seed}" / "summary.json").unlink()
+    assert main(["plot", str(runs), "--mean-over-seeds", "--out", str(tmp_path / "fig")]) == 0
+    assert "fedsim: skipped runs in accuracy.png: its 2 seeds have no evaluated round in common\n" in (
+        capsys.readouterr().err
+    )
+
+
+def test_seeds_trained_on_other_data_are_refused_not_averaged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Seeds of one config whose data.root held other data (the file replaced between them; their summaries'
+    data_sha256 differ) were averaged as one row: report and plot's mean over seeds refuse them in one line
+    naming two of the runs. Summaries without data_sha256 (a fedsim before it) are pooled as before."""
+    import numpy as np
+
+    from tests.conftest import MNIST_SMALL
+
+    data, runs = tmp_path / "mnist.npz", tmp_path / "runs"
+    arrays = dict(np.load(MNIST_SMALL))
+    for seed in (0, 1):
+        if seed == 1:  # the same path, other data: the training labels rotated
+            arrays["y_train"] = (arrays["y_train"] + 1) % 10
+        np.savez(data, **arrays)
+        cfg = small_config(tmp_path, seed=seed, data={"root": str(data)}, output={"run_dir": str(runs / f"s{seed}")})
+        run(parse_config(cfg))
+    mean_plot = ["plot", str(runs), "--mean-over-seeds", "--out", str(tmp_path / "fig")]
+    for argv in (["report", str(runs), "--out", str(tmp_path / "rep")], mean_plot):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"fedsim: error: {runs / 's0'} and {runs / 's1'} are seeds of one config trained on "
+                              "other data (data_sha256 ") and len(err.splitlines()) == 1, err  # fmt: skip
+    assert not (tmp_path / "rep" / "results.md").exists()
+    assert main(["plot", str(runs), "--out", str(tmp_path / "each")]) == 0  # each run drawn alone: no mean
+    summary = json.loads((runs / "s1" / "summary.json").read_text())
+    del summary["data_sha256"]
+    (runs / "s1" / "summary.json").write_text(json.dumps(summary))
+    assert main(["report", str(runs), "--out", str(tmp_path / "rep")]) == 0
+    assert [row["seeds"] for row in csv.DictReader(open(tmp_path / "rep" / "results.csv"))] == ["2"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -445,3 +446,28 @@ def test_unreadable_data_is_refused_before_any_run(tmp_path: Path, capsys: pytes
     bad_cell = cell_name({"data.root": str(bad)})
     assert one_line(capsys.readouterr().err).startswith(f"fedsim: error: sweep cell {bad_cell}: npz dataset {bad}: ")
     assert not (tmp_path / "sweeps").exists()
+
+
+def test_a_finished_cell_without_a_readable_config_is_refused_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cell's directory with summary.json but its config.yaml missing or unreadable shows no settings to compare:
+    the sweep called it "already complete" (and report then refused it). It is a damaged run directory, refused
+    in one line naming it before any cell runs."""
+    path = make_sweep(tmp_path, {"seed": [0, 1]})
+    out = run_sweep(path, log=lambda _: None)
+    shutil.rmtree(out / "seed=0")  # a cell still to run: it must not start
+    config = out / "seed=1" / "config.yaml"
+    for why, damage in (
+        ("the run's config.yaml not found: ", config.unlink),
+        (f"{config}: not valid YAML (", lambda: config.write_text("train: {rounds: 2")),
+        ("its top level is not a mapping of sections", lambda: config.write_text("- train\n")),
+    ):
+        damage()
+        assert main(["sweep", str(path)]) == 2
+        line = one_line(capsys.readouterr().err)
+        assert line.startswith(
+            f"fedsim: error: sweep cell seed=1: {out / 'seed=1'} holds a finished run (summary.json) without a "
+            f"readable config.yaml ({why}"
+        ) and line.endswith("damaged run directory; restore its config.yaml, or delete that directory to redo the cell")
+        assert not (out / "seed=0").exists()
