@@ -364,6 +364,8 @@ def write_plots(
         )
     for local in continuations:  # a damaged file stops before any figure is written, not half-way
         read_request(local)
+    if over_seeds:
+        seed_groups(runs)  # runs that may not be pooled are refused before --out exists
     out = Path(out)
     make_results_dir(out, "--out")
     written: list[Path] = []

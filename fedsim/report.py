@@ -97,9 +97,9 @@ def write_report(root: str | Path, target: float = 0.5, vs: str | None = None, o
     if vs is not None and not any(isinstance(r["config"].get(vs), int | float) for r in runs):
         raise FedsimError(f"--vs {vs}: no finished run has a numeric {vs}: name a config key the runs vary, "
                           "e.g. partition.beta")  # fmt: skip
+    header, rows = table(runs, target)  # runs that may not be pooled (seed_groups) are refused before --out exists
     out = Path(root if out is None else out)
-    make_results_dir(out, "--out")  # before any work: a read-only or someone else's directory
-    header, rows = table(runs, target)
+    make_results_dir(out, "--out")  # before any file: a read-only or someone else's directory
     text = io.StringIO()
     csv.writer(text).writerows([header, *rows])
     atomic_write(out / "results.csv", text.getvalue().encode())
