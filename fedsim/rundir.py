@@ -217,10 +217,12 @@ class RunDir:
         self.path = Path(path)
         make_dir(self.path)
         self.trackers = trackers(self.path) if trackers is not None else None
+        self.config_sha256: str | None = None  # write_config's
 
     def write_config(self, cfg: RunConfig) -> None:
         tree = config_tree(cfg)
         atomic_write(self.path / "config.yaml", yaml.safe_dump(tree, sort_keys=False).encode())
+        self.config_sha256 = config_checksum(tree)  # what progress.json ties the rounds so far to
         if self.trackers is not None:
             self.trackers.log_config(flatten(tree))
 
@@ -265,8 +267,9 @@ class RunDir:
         return digest(state_dict)
 
     def write_progress(self, server_round: int, loss: float | None, acc: float | None) -> None:
-        """The latest round, for whoever shows progress from outside the ServerApp (``fedsim deploy``)."""
-        progress = json_safe({"round": server_round, "loss": loss, "acc": acc})
+        """The latest round, for whoever shows progress from outside the ServerApp (``fedsim deploy``), and the
+        checksum of the config it runs (:meth:`write_config`): an unfinished run's config.yaml is checked by it."""
+        progress = json_safe({"round": server_round, "loss": loss, "acc": acc, CONFIG_CHECKSUM: self.config_sha256})
         atomic_write(self.path / PROGRESS, json.dumps(progress, allow_nan=False).encode())
 
     def write_error(self, message: str) -> None:
@@ -371,6 +374,7 @@ class Progress(Written):
     round: int = Field(ge=0)
     loss: float | None
     acc: float | None = Field(ge=0, le=1)
+    config_sha256: str | None = None  # absent from the progress files of a fedsim before it (config_checksum)
 
 
 class Summary(Written):
@@ -510,6 +514,8 @@ def read_run(path: str | Path) -> dict[str, Any]:
     summary = read_summary(path) if (path / SUMMARY).exists() else None
     if summary is not None:
         check_summary(path, cfg, summary)
+    elif (path / PROGRESS).exists():
+        check_config(path, read_progress(path).get(CONFIG_CHECKSUM), PROGRESS, "ran")
     cadence = EvalCadence(cfg.eval.every, cfg.train.rounds)
     metrics = read_metrics(path, last=cfg.train.rounds, cadence=cadence)
     check_evaluations(path, cadence, summary, metrics)
@@ -550,11 +556,16 @@ def check_summary(path: Path, cfg: RunConfig, summary: dict[str, Any]) -> None:
             f"{path}: summary.json says the run finished {summary['rounds']} rounds, its config.yaml's train.rounds "
             f"is {cfg.train.rounds}: {_RESTORE}"
         )
-    recorded = summary.get(CONFIG_CHECKSUM)
+    check_config(path, summary.get(CONFIG_CHECKSUM), SUMMARY, "finished with")
+
+
+def check_config(path: Path, recorded: str | None, source: str, did: str) -> None:
+    """The run's ``config.yaml`` is the config whose :func:`config_checksum` ``source`` (summary.json of a finished
+    run, progress.json of one still running or stopped) recorded, where it records one (a fedsim since it did)."""
     if recorded is not None and recorded != config_checksum(read_yaml(path / "config.yaml", "the run's config.yaml")):
         raise FedsimError(
-            f"{path}: config.yaml is not the config the run finished with ({CONFIG_CHECKSUM} in summary.json "
-            f"differs; edited after the run, or another run's): {_RESTORE}"
+            f"{path}: config.yaml is not the config the run {did} ({CONFIG_CHECKSUM} in {source} differs; edited "
+            f"after the run, or another run's): {_RESTORE}"
         )
 
 

@@ -339,3 +339,29 @@ def test_seeds_trained_on_other_data_are_refused_not_averaged(
     (runs / "s1" / "summary.json").write_text(json.dumps(summary))
     assert main(["report", str(runs), "--out", str(tmp_path / "rep")]) == 0
     assert [row["seeds"] for row in csv.DictReader(open(tmp_path / "rep" / "results.csv"))] == ["2"]
+
+
+def test_an_unfinished_runs_config_edited_since_is_refused(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stopped run (no summary.json) whose config.yaml was edited since (train.lr) was drawn and read back
+    under the edited value, which --resume refuses: progress.json records the checksum of the config the run
+    ran, so plot and the API refuse it too; a renamed run (not what it learns) is still drawn."""
+    run_dir = tmp_path / "runs" / "stopped"
+    shutil.copytree(finished / "seed0", run_dir)
+    (run_dir / "summary.json").unlink()
+    assert len(json.loads((run_dir / "progress.json").read_text())["config_sha256"]) == 64
+    edit_config(run_dir, None, "name", "renamed")
+    assert main(["plot", str(run_dir), "--out", str(tmp_path / "renamed")]) == 0
+    capsys.readouterr()
+    edit_config(run_dir, "train", "lr", 0.2)
+    problem = (
+        f"{run_dir}: config.yaml is not the config the run ran (config_sha256 in progress.json differs; edited after "
+        "the run, or another run's)"
+    )
+    assert main(["plot", str(run_dir), "--out", str(tmp_path / "fig")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and problem in err, err
+    with pytest.raises(FedsimError, match="config_sha256 in progress.json differs"):
+        _ = Run(run_dir).config
+    assert not (tmp_path / "fig").exists()
