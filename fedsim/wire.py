@@ -49,6 +49,7 @@ STATE_ROUND = "state-round"
 STATE_KEEP = "state-keep"  # the last committed checkpoint's round: its state file must survive pruning
 STATE_DIR = "state-dir"  # the server's default directory; a node_config entry of this name overrides it
 RUN_KEY = "run-key"  # one run's subdirectory of the state directory: "<run dir name>-<random>"
+STATE_SHA256 = "state-sha256"  # a node's answer: the SHA-256 of the state file it wrote or read ("" if none)
 
 # Strategy records: extra records beside the model in Messages, in a client's Context.state, and
 # in a server's ``server_state()`` (names of ArrayRecords and prefixes of their keys)
@@ -104,10 +105,14 @@ PROTOCOL: tuple[Key, ...] = (
     Key(SAVE_STATE, "server → client", CONFIG, STATE_DIR, "str", "the default state directory"),
     Key(SAVE_STATE, "server → client", CONFIG, RUN_KEY, "str", "this run's subdirectory"),
     Key(SAVE_STATE, "client → server", METRICS, PARTITION_ID, "int", "who saved"),
-    Key(LOAD_STATE, "server → client", CONFIG, STATE_ROUND, "int", "load the newest state of a round <= this"),
+    Key(SAVE_STATE, "client → server", CONFIG, STATE_SHA256, "str", 'SHA-256 of the file written (hex; "": no state)'),
+    Key(LOAD_STATE, "server → client", CONFIG, STATE_ROUND, "int", "load the newest state of round <= this (0: none)"),
     Key(LOAD_STATE, "server → client", CONFIG, STATE_DIR, "str", "the default state directory"),
     Key(LOAD_STATE, "server → client", CONFIG, RUN_KEY, "str", "this run's subdirectory"),
     Key(LOAD_STATE, "client → server", METRICS, PARTITION_ID, "int", "who loaded"),
+    Key(LOAD_STATE, "client → server", CONFIG, STATE_ROUND, "int", "the round of the file read (0: none)"),
+    Key(LOAD_STATE, "client → server", CONFIG, STATE_SHA256, "str", 'SHA-256 of the file read (hex; "": none)'),
+    Key(LOAD_STATE, "client → server", CONFIG, STATE_DIR, "str", "the directory it read from (for messages)"),
     Key("any", "both ways", PACKED, "<record name>", "str", "under a SuperLink: that ArrayRecord packed (JSON layout)"),
 )
 
@@ -127,7 +132,9 @@ whether to resume it in Flower's run config. fedsim's ServerApp first sends ever
 per run, partition ids are not). Each node reads the run's data to answer it, and a node whose data's
 fingerprint is not the server's is refused before round 1. Each round the server sends `{TRAIN}`
 messages to the clients it sampled, and on evaluation rounds `{EVALUATE}` messages to every client.
-Checkpoints send `{SAVE_STATE}`; a resumed run sends `{LOAD_STATE}` before its first round. A client
+Checkpoints send `{SAVE_STATE}` and record the SHA-256 of each node's state file in `checkpoint.pt`; a
+resumed run sends `{LOAD_STATE}` before its first round and refuses to go on unless every node read the
+file the checkpoint recorded for it (a node the checkpoint recorded no state for reads none). A client
 whose reply lacks a key below is reported by node and key; a ClientApp that has no `{QUERY_PARTITION}`
 handler (a stock Flower ClientApp) is refused before round 1. Strategy records (FedProx, SCAFFOLD)
 travel only under those strategies. Between the processes of a deployment each ArrayRecord of several
@@ -171,9 +178,14 @@ def partition_of(msg: Message) -> int:
     return int(reply_metric(msg, PARTITION_ID))
 
 
+def reply_config(msg: Message, key: str) -> object:
+    """Entry ``key`` of a reply's ``config`` record; a reply without it names the node and the key."""
+    return _reply_entry(msg, msg.content.config_records, "ConfigRecord", CONFIG, key)
+
+
 def data_sha256_of(msg: Message) -> str:
     """The fingerprint of the data a node read, from its answer to :data:`QUERY_PARTITION`."""
-    return str(_reply_entry(msg, msg.content.config_records, "ConfigRecord", CONFIG, DATA_SHA256))
+    return str(reply_config(msg, DATA_SHA256))
 
 
 def run_config_json(msg: Message) -> str:

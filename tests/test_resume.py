@@ -3,6 +3,7 @@ run ends; a NaN / inf stops a run, naming round and client, and keeps the last g
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -104,6 +105,23 @@ def check_resume(tmp_path: Path, stateful: bool, every: int = 4, **sections: Any
     assert not (killed_dir / "client_state").exists()  # a finished run cannot resume: no client state kept
 
 
+def stopped_in(raw: dict[str, Any], stop_round: int, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``raw`` run in this process and stopped (Ctrl-C) as round ``stop_round`` reports, after every earlier
+    round's metrics line and checkpoint; its run directory."""
+    report = RoundReporter.round_done
+
+    def stop(self: RoundReporter, server_round: int, arrays: ArrayRecord, *facts: Any) -> Any:
+        if server_round == stop_round:
+            raise KeyboardInterrupt
+        return report(self, server_round, arrays, *facts)
+
+    monkeypatch.setattr(RoundReporter, "round_done", stop)
+    with pytest.raises(KeyboardInterrupt):
+        run(parse_config(raw))
+    monkeypatch.undo()
+    return Path(raw["output"]["run_dir"])
+
+
 SCAFFOLD = {"strategy": {"name": "scaffold"}, "train": {"clients_per_round": 2}}
 CASES: dict[str, dict[str, Any]] = {
     "fedavg": {},
@@ -150,19 +168,8 @@ def test_resume_before_the_first_metrics_line_keeps_the_initial_diagnostics(
     expected = metrics(
         Path(run(parse_config({**raw, "output": {**raw["output"], "run_dir": str(tmp_path / "w")}}))["run_dir"])
     )
-    run_dir = tmp_path / "stopped"
-    raw["output"].update(run_dir=str(run_dir), checkpoint_every=2)
-    report = RoundReporter.round_done
-
-    def stop_in_round_3(self: RoundReporter, server_round: int, arrays: ArrayRecord, *facts: Any) -> Any:
-        if server_round == 3:  # after round 2's checkpoint, before any metrics line: Ctrl-C
-            raise KeyboardInterrupt
-        return report(self, server_round, arrays, *facts)
-
-    monkeypatch.setattr(RoundReporter, "round_done", stop_in_round_3)
-    with pytest.raises(KeyboardInterrupt):
-        run(parse_config(raw))
-    monkeypatch.undo()
+    raw["output"].update(run_dir=str(tmp_path / "stopped"), checkpoint_every=2)
+    run_dir = stopped_in(raw, 3, monkeypatch)  # after round 2's checkpoint, before any metrics line
     assert Checkpoint.load(run_dir).round == 2 and not metrics(run_dir)
     run(resume_config(run_dir), resume=True)
     assert metrics(run_dir) == expected and "init_grad_norms" in expected[0]
@@ -173,17 +180,22 @@ def test_client_state_files_keep_what_the_checkpoints_need(tmp_path: Path) -> No
         return RecordDict({"s": ArrayRecord({"x": torch.full((2,), value)}), "c": ConfigRecord({"n": int(value)})})
 
     d = tmp_path / "partition-0"
-    save_client_state(RecordDict(), d, 4, keep=0)
-    assert not d.exists()  # a node with no state writes nothing
+    assert save_client_state(RecordDict(), d, 4, keep=0) == ""  # a node with no state writes nothing
+    assert not d.exists()
     save_client_state(state(4), d, 4, keep=0)
-    save_client_state(state(8), d, 8, keep=4)  # if round 8's checkpoint never lands, a resume needs round 4
+    sha8 = save_client_state(state(8), d, 8, keep=4)  # if round 8's checkpoint never lands, a resume needs round 4
     assert sorted(p.name for p in d.iterdir()) == ["round-4.bin", "round-8.bin"]
     save_client_state(state(16), d, 16, keep=12)  # the checkpoint of 12 needs round 8's state, not round 4's
     assert sorted(p.name for p in d.iterdir()) == ["round-16.bin", "round-8.bin"]
     loaded = load_client_state(d, 12)
-    assert np.array_equal(loaded["s"]["x"].numpy(), [8.0, 8.0]) and loaded["c"]["n"] == 8
-    assert load_client_state(d, 16)["c"]["n"] == 16
-    assert not len(load_client_state(d, 7))  # nothing saved by round 7: the node starts empty
+    assert np.array_equal(loaded.state["s"]["x"].numpy(), [8.0, 8.0]) and loaded.state["c"]["n"] == 8
+    # what the checkpoint records of the file written is what a resume reads back: its SHA-256, of its bytes
+    assert (
+        (loaded.round, loaded.sha256) == (8, sha8) == (8, hashlib.sha256((d / "round-8.bin").read_bytes()).hexdigest())
+    )
+    assert load_client_state(d, 16).state["c"]["n"] == 16
+    empty = load_client_state(d, 7)  # nothing saved by round 7: the node starts empty
+    assert (len(empty.state), empty.round, empty.sha256) == (0, 0, "")
 
 
 def test_a_client_that_cannot_save_its_state_stops_the_run_before_the_checkpoint(

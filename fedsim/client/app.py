@@ -38,16 +38,22 @@ def query_partition(msg: Message, context: Context) -> Message:
 
 @app.query("save_state")
 def save_state(msg: Message, context: Context) -> Message:
-    """A checkpoint: write this node's Context.state to its state directory (fedsim.client.state)."""
-    state_query(msg, context)
-    return partition_reply(msg, context)
+    """A checkpoint: write this node's Context.state to its state directory (fedsim.client.state) and say
+    which file it wrote, for checkpoint.pt to record."""
+    return state_reply(msg, context)
 
 
 @app.query("load_state")
 def load_state(msg: Message, context: Context) -> Message:
-    """A resumed run: replace this node's Context.state with its state as of the checkpoint."""
-    state_query(msg, context)
-    return partition_reply(msg, context)
+    """A resumed run: replace this node's Context.state with its state as of the checkpoint and say which file
+    it read, for the server to check against checkpoint.pt's record."""
+    return state_reply(msg, context)
+
+
+def state_reply(msg: Message, context: Context) -> Message:
+    reply = partition_reply(msg, context)
+    reply.content[wire.CONFIG] = state_query(msg, context)
+    return reply
 
 
 def partition_reply(msg: Message, context: Context) -> Message:

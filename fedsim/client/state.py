@@ -2,16 +2,20 @@
 :mod:`fedsim.server.checkpoint`).
 
 Every ``output.checkpoint_every`` rounds the server asks each node to write its ``Context.state``
-(SCAFFOLD's c_i, FedBN's local tensors); a resumed run asks each node to load its newest state of a
-round <= the checkpoint's. Files: ``<state dir>/<run key>/partition-<pid>/round-<r>.bin`` (a Flower
-RecordDict as protobuf). The state dir is ``RUN_DIR/client_state``, or the node config's
-``state-dir`` for SuperNodes on hosts that do not share the run directory; the run key keeps runs
-apart there.
+(SCAFFOLD's c_i, FedBN's local tensors) and the node answers with the SHA-256 of the file it wrote,
+which ``checkpoint.pt`` records; a resumed run asks each node to load its newest state of a round <=
+the round the checkpoint recorded for it, and the node answers with that file's round and SHA-256, which
+the server checks against its record (:mod:`fedsim.server.client_states`). Files:
+``<state dir>/<run key>/partition-<pid>/round-<r>.bin`` (a Flower RecordDict as protobuf). The state dir
+is ``RUN_DIR/client_state``, or the node config's ``state-dir`` for SuperNodes on hosts that do not
+share the run directory; the run key keeps runs apart there.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -47,37 +51,53 @@ def _saved_rounds(directory: Path) -> list[int]:
     return sorted(int(p.stem.removeprefix("round-")) for p in directory.glob("round-*.bin"))
 
 
-def save_client_state(state: RecordDict, directory: Path, server_round: int, keep: int) -> None:
-    """Write ``state`` as of ``server_round``; keep only it and the file the checkpoint of ``keep`` needs."""
+def save_client_state(state: RecordDict, directory: Path, server_round: int, keep: int) -> str:
+    """Write ``state`` as of ``server_round``; keep only it and the file the checkpoint of ``keep`` needs.
+    The SHA-256 of the file written, "" if none (an empty state is not written)."""
     if not len(state):  # never trained: a resumed node starts empty anyway
-        return
+        return ""
     directory.mkdir(parents=True, exist_ok=True)
+    data = encode(state)
     tmp = directory / f".round-{server_round}.bin.{os.getpid()}.tmp"
-    tmp.write_bytes(encode(state))
+    tmp.write_bytes(data)
     os.replace(tmp, directory / f"round-{server_round}.bin")
     older = [r for r in _saved_rounds(directory) if r <= keep]
     needed = {server_round, max(older)} if older else {server_round}
     for r in _saved_rounds(directory):
         if r not in needed:
             (directory / f"round-{r}.bin").unlink(missing_ok=True)
+    return hashlib.sha256(data).hexdigest()
 
 
-def load_client_state(directory: Path, upto: int) -> RecordDict:
+@dataclass(frozen=True)
+class LoadedState:
+    """What a node read back: the state, the round of its file and the file's SHA-256 (0 and "": no file)."""
+
+    state: RecordDict
+    round: int
+    sha256: str
+
+
+def load_client_state(directory: Path, upto: int) -> LoadedState:
     """The newest state saved at a round <= ``upto`` (empty if none: the node had not trained)."""
     rounds = [r for r in _saved_rounds(directory) if r <= upto]
     if not rounds:
-        return RecordDict()
-    path = directory / f"round-{rounds[-1]}.bin"
-    return decode(read_bytes(path, "a client's saved state", STATE_BYTES, FedsimError))
+        return LoadedState(RecordDict(), 0, "")
+    data = read_bytes(directory / f"round-{rounds[-1]}.bin", "a client's saved state", STATE_BYTES, FedsimError)
+    return LoadedState(decode(data), rounds[-1], hashlib.sha256(data).hexdigest())
 
 
-def state_query(msg: Message, context: Context) -> None:
-    """What the ClientApp does for SAVE_STATE and LOAD_STATE messages."""
+def state_query(msg: Message, context: Context) -> ConfigRecord:
+    """What the ClientApp does for SAVE_STATE and LOAD_STATE messages; the answer's ConfigRecord says which
+    file (its round and SHA-256) the node wrote or read, for the server to record or check."""
     config = msg.content.config_records[wire.CONFIG]
     directory, server_round = state_dir(config, context), int(config[wire.STATE_ROUND])
     if msg.metadata.message_type == wire.SAVE_STATE:
-        save_client_state(context.state, directory, server_round, int(config[wire.STATE_KEEP]))
-    else:
-        loaded = load_client_state(directory, server_round)
-        context.state.clear()
-        context.state.update(loaded)
+        sha256 = save_client_state(context.state, directory, server_round, int(config[wire.STATE_KEEP]))
+        return ConfigRecord({wire.STATE_SHA256: sha256})
+    loaded = load_client_state(directory, server_round)
+    context.state.clear()
+    context.state.update(loaded.state)
+    return ConfigRecord(
+        {wire.STATE_ROUND: loaded.round, wire.STATE_SHA256: loaded.sha256, wire.STATE_DIR: str(directory)}
+    )

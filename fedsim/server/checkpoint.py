@@ -3,14 +3,15 @@
 Every ``output.checkpoint_every`` rounds the server first asks every client node to write its
 ``Context.state`` (SCAFFOLD's c_i, FedBN's local tensors) to a state directory of its own, then
 writes ``checkpoint.pt`` in the run directory: the global model, the strategy's
-``server_state()``, the round, the RNG states and the metrics so far, to a temp file renamed over
-the last one. The rename commits the checkpoint; client files of a round whose ``checkpoint.pt``
-never landed are never read.
+``server_state()``, the SHA-256 of each node's state file, the round, the RNG states and the metrics
+so far, to a temp file renamed over the last one. The rename commits the checkpoint; client files of
+a round whose ``checkpoint.pt`` never landed are never read.
 
 ``fedsim run --resume RUN_DIR`` rebuilds the run from ``RUN_DIR/config.yaml``, restores the server
-from ``checkpoint.pt``, has every node load its newest state file of a round <= the checkpoint's,
-and runs the round loop from the next round. Batches and sampling are seeded per round, so the
-resumed rounds are the rounds the killed run would have run.
+from ``checkpoint.pt``, has every node load the state file the checkpoint recorded for it (refusing,
+before any training, a file that is missing, of another round or not the run's:
+:mod:`fedsim.server.client_states`), and runs the round loop from the next round. Batches and
+sampling are seeded per round, so the resumed rounds are the rounds the killed run would have run.
 
 The clients' side (their state files) is :mod:`fedsim.client.state`.
 """
@@ -50,15 +51,26 @@ from fedsim.rundir import (
     temp_name,
     unwritten,
 )  # fmt: skip
+from fedsim.server.client_states import StateRecord, check_loaded, record_of, rounds_to_load
 from fedsim.server.replies import missing_replies
 
 # --- the server's checkpoint file ----------------------------------------------------------------
 
 CHECKSUM = "sha256"  # the payload's digest (fedsim.integrity), stored beside its fields
+CLIENT_STATE_RECORD = "client_state"  # partition -> SHA-256 of its state file (fedsim.server.client_states)
 
 
 def _tensors(record: ArrayRecord) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(array_view(a).copy()) for k, a in record.items()}
+
+
+def _state_record(value: object) -> StateRecord | None:
+    """The record of clients' state as read back (None: a checkpoint written before records)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f"{CLIENT_STATE_RECORD} is a {type(value).__name__}, not a mapping")
+    return {int(pid): str(sha256) for pid, sha256 in value.items()}
 
 
 def rng_state() -> dict[str, Any]:
@@ -90,6 +102,7 @@ class Checkpoint:
     metrics: list[dict[str, Any]]  # metrics.jsonl up to this round
     elapsed_s: float  # run time up to this round (time_s goes on from here)
     run_key: str  # the clients' state subdirectory
+    client_state: StateRecord | None  # the SHA-256 of each partition's state file; None if written before them
     config: str  # the RunConfig as JSON: a resume must not run another experiment
     data_sha256: str | None  # the data's fingerprint (fedsim.data.fingerprint), None if written before them
     rng: dict[str, Any]
@@ -104,6 +117,7 @@ class Checkpoint:
             "metrics": json.dumps(self.metrics),
             "elapsed_s": self.elapsed_s,
             "run_key": self.run_key,
+            CLIENT_STATE_RECORD: self.client_state,
             "config": self.config,
             DATA_FINGERPRINT: self.data_sha256,
             "rng": self.rng,
@@ -146,6 +160,7 @@ class Checkpoint:
                 metrics=json.loads(p["metrics"]),
                 elapsed_s=float(p["elapsed_s"]),
                 run_key=str(p["run_key"]),
+                client_state=_state_record(p.get(CLIENT_STATE_RECORD)),
                 config=str(p["config"]),
                 data_sha256=p.get(DATA_FINGERPRINT),
                 rng=p["rng"],
@@ -209,9 +224,9 @@ class Checkpointer:
         self.every = cfg.output.checkpoint_every
         self.partition_of_node = {n: p for p, n in node_of_partition.items()}
         if resumed is None:  # a fresh run: a run key of its own, so no node ever loads another run's state
-            self.run_key, self.last = f"{out.path.name}-{uuid.uuid4().hex[:8]}", 0
+            self.run_key, self.last, self.record = f"{out.path.name}-{uuid.uuid4().hex[:8]}", 0, None
         else:
-            self.run_key, self.last = resumed.run_key, resumed.round
+            self.run_key, self.last, self.record = resumed.run_key, resumed.round, resumed.client_state
 
     def due(self, server_round: int) -> bool:
         return self.every > 0 and server_round > self.last and server_round % self.every == 0
@@ -225,7 +240,8 @@ class Checkpointer:
         failed: dict[int, list[int]],
     ) -> None:
         """Client states first, then ``checkpoint.pt``, whose rename commits round ``server_round``."""
-        self._tell_clients(wire.SAVE_STATE, server_round)
+        every = dict.fromkeys(self.partition_of_node.values(), server_round)
+        replies = self._tell_clients(wire.SAVE_STATE, server_round, every)
         Checkpoint(
             round=server_round,
             arrays=arrays,
@@ -233,6 +249,7 @@ class Checkpointer:
             metrics=self.out.read_metrics(),
             elapsed_s=elapsed_s,
             run_key=self.run_key,
+            client_state=record_of(replies),
             config=self.cfg.to_json(),
             data_sha256=self.data_sha256,
             rng=rng_state(),
@@ -241,8 +258,11 @@ class Checkpointer:
         self.last = server_round
 
     def restore_clients(self) -> None:
-        """Every node replaces its Context.state with its state as of the checkpoint."""
-        self._tell_clients(wire.LOAD_STATE, self.last)
+        """Every node replaces its Context.state with its state as of the checkpoint: the file the checkpoint
+        recorded for its partition, or none; anything else stops the resume here, before any training."""
+        rounds = rounds_to_load(self.last, self.record, self.partition_of_node.values())
+        replies = self._tell_clients(wire.LOAD_STATE, self.last, rounds)
+        check_loaded(self.out.path, self.last, self.record, replies)
 
     def finish(self) -> None:
         """A finished run cannot resume: its clients' state files go (``checkpoint.pt`` stays, small
@@ -256,18 +276,14 @@ class Checkpointer:
             return f"the last good checkpoint (round {self.last}) is in {self.out.path}; {metrics}"
         return f"no checkpoint was written (output.checkpoint_every: {self.every}); {metrics}"
 
-    def _tell_clients(self, message_type: str, server_round: int) -> None:
-        config = ConfigRecord(
-            {
-                wire.STATE_ROUND: server_round,
-                wire.STATE_KEEP: self.last,
-                wire.STATE_DIR: str(self.out.path / CLIENT_STATE),
-                wire.RUN_KEY: self.run_key,
-            }
-        )
+    def _tell_clients(self, message_type: str, server_round: int, rounds: dict[int, int]) -> list[Message]:
+        """Every node's answer to ``message_type`` for its partition's state of round ``rounds[partition]``
+        (a node that does not answer stops the run)."""
         messages = [
-            Message(RecordDict({wire.CONFIG: config}), dst_node_id=node, message_type=message_type)
-            for node in sorted(self.partition_of_node)
+            Message(
+                RecordDict({wire.CONFIG: self._state_config(rounds[pid])}), dst_node_id=node, message_type=message_type
+            )
+            for node, pid in sorted(self.partition_of_node.items())
         ]
         replies = list(self.grid.send_and_receive(messages, timeout=self.cfg.train.round_timeout_s))
         # a checkpoint missing one client's state would not resume to the same run: no failure policy here
@@ -277,3 +293,14 @@ class Checkpointer:
             verb = "save" if message_type == wire.SAVE_STATE else "load"
             why = "; ".join(f"client {pid}: {reason}" for pid, reason in sorted(reasons.items()))
             raise FedsimError(f"round {server_round}: clients could not {verb} their state: {why}")
+        return replies
+
+    def _state_config(self, state_round: int) -> ConfigRecord:
+        return ConfigRecord(
+            {
+                wire.STATE_ROUND: state_round,
+                wire.STATE_KEEP: self.last,
+                wire.STATE_DIR: str(self.out.path / CLIENT_STATE),
+                wire.RUN_KEY: self.run_key,
+            }
+        )

@@ -1,0 +1,182 @@
+"""A resume continues the run's own client state or refuses: ``checkpoint.pt`` records the SHA-256 of each
+partition's state file, and a resume whose ``client_state/`` lost files (deleted to free disk), holds another
+run's, or holds only an older round's stops in one line before any training, naming the run directory, the
+partition and the file (fedsim.server.client_states). Each of these resumed with exit 0 and ended with numbers
+the run never computed (SCAFFOLD 0.742, 0.731, 0.681 for 0.784)."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fedsim.cli import main
+from fedsim.config import parse_config
+from fedsim.integrity import digest
+from fedsim.rundir import CHECKPOINT, CLIENT_STATE
+from fedsim.runner import run
+from fedsim.server.checkpoint import CHECKSUM, CLIENT_STATE_RECORD, Checkpoint
+from tests.conftest import small_config
+from tests.test_deploy import wait_no_processes
+from tests.test_resume import metrics, stopped_in
+
+STATEFUL = {
+    "scaffold": {"strategy": {"name": "scaffold"}},  # c_i
+    "fedbn": {"strategy": {"name": "fedbn"}, "model": {"norm": "bn"}},  # the BN layers' tensors and statistics
+}
+ROUNDS, EVERY, STOP = 6, 2, 4  # checkpoints at rounds 2 and 4; stopped after round 4's
+
+
+def config(tmp_path: Path, name: str, sections: dict[str, Any], **top: Any) -> dict[str, Any]:
+    """small_config with every round evaluated: a metrics line past round 4 would show a round trained."""
+    raw = small_config(tmp_path, eval={"every": 1}, **sections, **top)
+    raw["train"]["rounds"] = ROUNDS
+    raw["output"].update(run_dir=str(tmp_path / name), checkpoint_every=EVERY)
+    return raw
+
+
+def stopped(raw: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``raw`` run and stopped (Ctrl-C) as round STOP + 1 reports, after round STOP's checkpoint."""
+    run_dir = stopped_in(raw, STOP + 1, monkeypatch)
+    assert Checkpoint.load(run_dir).round == STOP and [m["round"] for m in metrics(run_dir)] == list(range(1, STOP + 1))
+    return run_dir
+
+
+def state_file(run_dir: Path, pid: int, server_round: int = STOP) -> Path:
+    return run_dir / CLIENT_STATE / f"partition-{pid}" / f"round-{server_round}.bin"
+
+
+def resume(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    rc = main(["run", "--resume", str(run_dir)])
+    return rc, capsys.readouterr().err
+
+
+def refused(run_dir: Path, capsys: pytest.CaptureFixture[str], problems: list[str]) -> None:
+    """Exit 2 and the one line that names each partition's problem; nothing trained, nothing finished."""
+    rc, err = resume(run_dir, capsys)
+    header = f"{run_dir}: cannot resume: its clients' state is not the state checkpoint.pt recorded at round {STOP}"
+    assert (rc, err) == (2, f"fedsim: error: {header}: {'; '.join(problems)}\n")
+    assert [m["round"] for m in metrics(run_dir)] == list(range(1, STOP + 1))
+    assert not (run_dir / "summary.json").exists()
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("strategy", list(STATEFUL))
+def test_resume_refuses_client_state_missing_another_runs_or_another_rounds(
+    tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sections = STATEFUL[strategy]
+    whole = run(parse_config({**config(tmp_path, "whole", sections), "output": small_config(tmp_path)["output"]}))
+    expected = metrics(Path(whole["run_dir"]))
+    part = stopped(config(tmp_path, "part", sections), monkeypatch)
+    other = stopped(config(tmp_path, "other", sections, seed=1), monkeypatch)  # another run at the same round
+    partitions = range(4)  # every client trains every round: each has state at round 4 (and round 2's, kept)
+    assert sorted(p.relative_to(part).as_posix() for p in (part / CLIENT_STATE).rglob("*.bin")) == sorted(
+        state_file(part, pid, r).relative_to(part).as_posix() for pid in partitions for r in (2, STOP)
+    )
+    runs = {case: tmp_path / case for case in ("intact", "missing", "foreign", "stale")}
+    for path in runs.values():
+        shutil.copytree(part, path)
+
+    shutil.rmtree(runs["missing"] / CLIENT_STATE)  # deleted to free disk, or not copied along with the run
+    refused(
+        runs["missing"], capsys, [f"partition {p}: {state_file(runs['missing'], p)} is missing" for p in partitions]
+    )
+
+    shutil.rmtree(runs["foreign"] / CLIENT_STATE)
+    shutil.copytree(other / CLIENT_STATE, runs["foreign"] / CLIENT_STATE)
+    another_run = "is not the file this run wrote (another run's, or changed since it was written)"
+    refused(
+        runs["foreign"], capsys, [f"partition {p}: {state_file(runs['foreign'], p)} {another_run}" for p in partitions]
+    )
+
+    for pid in partitions:
+        state_file(runs["stale"], pid).unlink()  # round 2's files are left
+    older = "is missing (round-2.bin there is another round's)"
+    refused(runs["stale"], capsys, [f"partition {p}: {state_file(runs['stale'], p)} {older}" for p in partitions])
+
+    for case in ("intact", "missing"):  # the refused run resumes once its own files are back
+        if case == "missing":
+            shutil.copytree(part / CLIENT_STATE, runs[case] / CLIENT_STATE)
+        assert resume(runs[case], capsys)[0] == 0
+        assert metrics(runs[case]) == expected
+        assert json.loads((runs[case] / "summary.json").read_text())["resumed_from_round"] == STOP
+
+
+def without_record(run_dir: Path) -> None:
+    """``checkpoint.pt`` as a fedsim before client-state records wrote it (its checksum made anew)."""
+    payload = torch.load(run_dir / CHECKPOINT, weights_only=True)
+    del payload[CLIENT_STATE_RECORD], payload[CHECKSUM]
+    payload[CHECKSUM] = digest(payload)
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    (run_dir / CHECKPOINT).write_bytes(buffer.getvalue())
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_checkpoint_without_the_record_resumes_without_client_state_and_refuses_what_it_cannot_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An older checkpoint: a run whose clients keep no state (FedAvg, FedYogi: server state only) resumes as
+    before; one whose state files cannot be checked against anything is refused, not trusted."""
+    fedavg = config(tmp_path, "fedavg", {})
+    expected = metrics(Path(run(parse_config({**fedavg, "output": small_config(tmp_path)["output"]}))["run_dir"]))
+    stateless = stopped(fedavg, monkeypatch)
+    assert Checkpoint.load(stateless).client_state == {}  # recorded: no partition has state
+    without_record(stateless)
+    assert Checkpoint.load(stateless).client_state is None
+    assert resume(stateless, capsys)[0] == 0 and metrics(stateless) == expected
+
+    scaffold = stopped(config(tmp_path, "scaffold", STATEFUL["scaffold"]), monkeypatch)
+    without_record(scaffold)
+    rc, err = resume(scaffold, capsys)
+    files = "; ".join(f"partition {p}: {state_file(scaffold, p)}" for p in range(4))
+    assert (rc, err) == (
+        2,
+        f"fedsim: error: {scaffold}: cannot resume: its checkpoint.pt was written by a fedsim that did not record "
+        f"its clients' state, so these state files cannot be checked against it: {files}; run the experiment again\n",
+    )
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_partitions_without_state_at_the_checkpoint_resume_empty_whatever_files_lie_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One client of four a round: a partition the checkpoint recorded no state for starts empty, as it
+    would have in the uninterrupted run, even with another run's file under its name (never read)."""
+    raw = config(tmp_path, "part", {**STATEFUL["scaffold"], "train": {"clients_per_round": 1}})
+    expected = metrics(Path(run(parse_config({**raw, "output": small_config(tmp_path)["output"]}))["run_dir"]))
+    part = stopped(raw, monkeypatch)
+    record = Checkpoint.load(part).client_state
+    assert record is not None and 0 < len(record) < 4, record  # some partitions not sampled by round 4
+    other = stopped(config(tmp_path, "other", STATEFUL["scaffold"], seed=1), monkeypatch)  # every partition has state
+    for pid in set(range(4)) - set(record):
+        shutil.copytree(other / CLIENT_STATE / f"partition-{pid}", part / CLIENT_STATE / f"partition-{pid}")
+    assert resume(part, capsys)[0] == 0
+    assert metrics(part) == expected
+
+
+@pytest.mark.slow
+def test_deploy_resume_refuses_missing_client_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same check under a SuperLink: new SuperNode processes load the state, the ServerApp refuses it."""
+    part = stopped(config(tmp_path, "part", {**STATEFUL["scaffold"], "train": {"num_clients": 2}}), monkeypatch)
+    state_file(part, 1).unlink()
+    state_file(part, 1, 2).unlink()
+    res = subprocess.run([sys.executable, "-m", "fedsim.cli", "deploy", "--resume", str(part)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    lines = [line for line in res.stderr.splitlines() if line.startswith("fedsim: error:")]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr[-3000:]
+    assert (
+        f"{part}: cannot resume: its clients' state is not the state checkpoint.pt recorded at round {STOP}: "
+        in lines[0]
+    )
+    assert f"partition 1: {state_file(part, 1)} is missing" in lines[0] and "partition 0" not in lines[0]
+    assert [m["round"] for m in metrics(part)] == list(range(1, STOP + 1))
+    assert wait_no_processes(part, timeout=60) == []  # no SuperLink or SuperNode outlives the refusal
