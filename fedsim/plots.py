@@ -132,13 +132,13 @@ def plot_accuracy(
     for label, members in groups.items():
         # a seed not evaluated yet (a sweep under way) is left out and said: intersected with it, the group's
         # rounds were none, and the finished seeds vanished from the figure without a word
-        drawn = [run for run in members if _series(run, "client_mean_acc")]
+        drawn: list[dict[str, Any]] = []
+        pending: list[dict[str, Any]] = []
+        for run in members:
+            (drawn if any(m.get("client_mean_acc") is not None for m in run["metrics"]) else pending).append(run)
         rest = f"; its config's line is the mean over the other {_seeds(len(drawn))}" if drawn else ""
-        notes += [
-            f"{run['dir']} in {path.name}: no client-mean accuracy evaluated yet{rest if over_seeds else ''}"
-            for run in members
-            if not _series(run, "client_mean_acc")
-        ]
+        notes += [f"{run['dir']} in {path.name}: no client-mean accuracy evaluated yet{rest if over_seeds else ''}"
+                  for run in pending]  # fmt: skip
         if not drawn:
             continue
         rounds, mean, std = mean_and_std(drawn, "client_mean_acc")
