@@ -180,10 +180,13 @@ class LocalDeployment:
                          str(self.workdir / "run-config.toml")])  # fmt: skip
         return int(out["run-id"])
 
-    def _check_superlink(self) -> None:
-        """A SuperLink that exited ends the run: an error naming its log."""
-        if not self.alive("superlink"):
-            raise FedsimError(f"the SuperLink exited (log: {self.workdir / 'superlink.log'})")
+    def _check_superlink(self, grace: float = 0.0) -> None:
+        """A SuperLink that exited, or exits within ``grace`` seconds, ends the run: an error naming its log."""
+        try:
+            self.procs["superlink"].wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            return
+        raise FedsimError(f"the SuperLink exited (log: {self.workdir / 'superlink.log'})")
 
     def serverapp_running(self) -> bool:
         """Whether a ServerApp process runs under the SuperLink (its SuperExec starts one per run)."""
@@ -246,6 +249,7 @@ class LocalDeployment:
                 running = self.serverapp_running()
                 # gone, and no summary or error since the check above (a ServerApp writes one, then exits)
                 if serverapp_seen and not running and ended(self.run_dir) is None:
+                    self._check_superlink(grace=LOOK_EVERY_S)  # its ServerApp goes with a SuperLink killed
                     raise self.no_summary(run_id, "its ServerApp process ended")
                 serverapp_seen |= running
                 next_look = time.monotonic() + LOOK_EVERY_S
