@@ -14,7 +14,7 @@ full disk) is one error naming the file; it leaves no temp file, and what was wr
 :func:`read_run` and :func:`read_partition` read a run directory back (``fedsim report`` / ``fedsim
 plot``), finished or still running, through :mod:`fedsim.reading`, the config validated, the summary and the
 metrics checked against their schemas (:class:`Summary`, :class:`MetricsRecord`) and against each other
-(:func:`check_summary`, :func:`check_evaluations`); :func:`read_progress` and
+(:func:`check_summary`, :func:`check_metrics`, :func:`check_evaluations`); :func:`read_progress` and
 :func:`read_error` read what a launcher polls while the ServerApp runs (:class:`Progress`, ``error.txt``).
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import hashlib
 import io
 import json
 import os
@@ -30,7 +31,7 @@ import tempfile
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -39,7 +40,7 @@ import numpy as np
 import torch
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, from_json
 
 from fedsim.config import RunConfig, read_run_config, read_yaml
 from fedsim.data.fingerprint import DATA_FINGERPRINT
@@ -56,7 +57,10 @@ CHECKPOINT = "checkpoint.pt"
 MODEL_CHECKSUM = "model_sha256"  # summary.json: model.pt's checksum (fedsim.integrity)
 CONFIG_CHECKSUM = "config_sha256"  # summary.json: config.yaml's checksum (config_checksum)
 PARTITION_CHECKSUM = "partition_sha256"  # summary.json: partition.csv's checksum (partition_checksum)
-CHECKSUMS = (MODEL_CHECKSUM, CONFIG_CHECKSUM, PARTITION_CHECKSUM)  # summary.json's keys for fedsim, not for reading
+METRICS_CHECKSUM = "metrics_sha256"  # summary.json, progress.json: metrics.jsonl's lines' checksum (MetricsChecksum)
+METRICS_LINES = "metrics_lines"  # summary.json, progress.json: how many lines of metrics.jsonl it covers
+# summary.json's keys for fedsim, not for reading
+CHECKSUMS = (MODEL_CHECKSUM, CONFIG_CHECKSUM, PARTITION_CHECKSUM, METRICS_CHECKSUM, METRICS_LINES)
 CLIENT_STATE = "client_state"  # the nodes' state files of a checkpoint, under the run directory (by default)
 LOCK = ".lock"
 # A launcher that holds a run directory for the ServerApp it starts (fedsim deploy) names it here
@@ -209,6 +213,29 @@ def claimed(path: Path, resume: bool = False, field: str = "output.run_dir", own
         os.close(fd)  # releases the lock
 
 
+def _metrics_line(record: dict[str, Any]) -> bytes:
+    return (json.dumps(json_safe(record), allow_nan=False) + "\n").encode()
+
+
+class MetricsChecksum:
+    """A SHA-256 chained over metrics.jsonl's lines, each as read back (:func:`fedsim.integrity.digest` of its
+    values, so key order and spacing do not count), and how many lines it covers: one line more is one step, so
+    a run that appends a line per evaluation keeps it up to date without reading the file again."""
+
+    def __init__(self, values: Iterable[dict[str, Any]] = ()) -> None:
+        self.sha256, self.lines = "", 0
+        for value in values:
+            self.add(value)
+
+    def add(self, value: dict[str, Any]) -> None:
+        self.sha256 = hashlib.sha256(f"{self.sha256}:{digest(value)}".encode()).hexdigest()
+        self.lines += 1
+
+    def record(self) -> dict[str, Any]:
+        """What progress.json and summary.json record of the lines so far."""
+        return {METRICS_CHECKSUM: self.sha256, METRICS_LINES: self.lines}
+
+
 class RunDir:
     """A run's directory as the run writes it. ``trackers`` (:func:`fedsim.trackers.open_trackers` for the
     directory once made) get what it gets: its config, every metrics line, and at :meth:`close` its files."""
@@ -218,6 +245,7 @@ class RunDir:
         make_dir(self.path)
         self.trackers = trackers(self.path) if trackers is not None else None
         self.config_sha256: str | None = None  # write_config's
+        self.metrics_checksum = MetricsChecksum()  # of the lines of metrics.jsonl written so far
 
     def write_config(self, cfg: RunConfig) -> None:
         tree = config_tree(cfg)
@@ -235,14 +263,24 @@ class RunDir:
         atomic_write(self.path / "partition.csv", ("\n".join(lines) + "\n").encode())
         return partition_checksum(classes, {"train": train_counts, "test": test_counts})
 
-    def restore_metrics(self, records: list[dict[str, Any]]) -> None:
-        """A resumed run: the lines up to its checkpoint, dropping any the killed run wrote after it."""
-        atomic_write(self.path / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records).encode())
+    def restore_metrics(self, records: list[dict[str, Any]], server_round: int) -> None:
+        """A resumed run (at its checkpoint's ``server_round``): the lines up to its checkpoint, dropping any the
+        killed run wrote after it. progress.json is rewritten first: the lines it covers stay the first of the
+        file at every moment (:func:`check_metrics`)."""
+        lines = [_metrics_line(r) for r in records]
+        self.metrics_checksum = MetricsChecksum()
+        for line in lines:
+            self.metrics_checksum.add(from_json(line))
+        last = records[-1] if records else {}
+        self.write_progress(server_round, last.get("train_loss"), last.get("client_mean_acc"))
+        atomic_write(self.path / "metrics.jsonl", b"".join(lines))
 
     def append_metrics(self, record: dict[str, Any]) -> None:
+        """One line more, on disk before it counts in the metrics checksum progress.json and summary.json record."""
         record = json_safe(record)
         path = self.path / "metrics.jsonl"
-        line = memoryview((json.dumps(record, allow_nan=False) + "\n").encode())
+        data = _metrics_line(record)
+        line = memoryview(data)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         end = os.lseek(fd, 0, os.SEEK_END)
         try:
@@ -254,6 +292,7 @@ class RunDir:
             raise unwritten(path, err) from err
         finally:
             os.close(fd)
+        self.metrics_checksum.add(from_json(data))
         if self.trackers is not None:
             self.trackers.log_metrics(record)
 
@@ -268,8 +307,10 @@ class RunDir:
 
     def write_progress(self, server_round: int, loss: float | None, acc: float | None) -> None:
         """The latest round, for whoever shows progress from outside the ServerApp (``fedsim deploy``), and the
-        checksum of the config it runs (:meth:`write_config`): an unfinished run's config.yaml is checked by it."""
-        progress = json_safe({"round": server_round, "loss": loss, "acc": acc, CONFIG_CHECKSUM: self.config_sha256})
+        checksums of the config it runs (:meth:`write_config`) and of the metrics lines so far: an unfinished
+        run's config.yaml and metrics.jsonl are checked by them."""
+        progress = {"round": server_round, "loss": loss, "acc": acc, CONFIG_CHECKSUM: self.config_sha256}
+        progress = json_safe({**progress, **self.metrics_checksum.record()})
         atomic_write(self.path / PROGRESS, json.dumps(progress, allow_nan=False).encode())
 
     def write_error(self, message: str) -> None:
@@ -277,7 +318,9 @@ class RunDir:
         atomic_write(self.path / ERROR, message.encode())
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        atomic_write(self.path / SUMMARY, (json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n").encode())
+        """``summary.json``, with the checksum of every metrics line the run wrote."""
+        summary = json_safe({**summary, **self.metrics_checksum.record()})
+        atomic_write(self.path / SUMMARY, (json.dumps(summary, indent=2, allow_nan=False) + "\n").encode())
 
     def close(self) -> None:
         """The trackers get the run's files and are closed (once, however the run ended)."""
@@ -375,6 +418,8 @@ class Progress(Written):
     loss: float | None
     acc: float | None = Field(ge=0, le=1)
     config_sha256: str | None = None  # absent from the progress files of a fedsim before it (config_checksum)
+    metrics_sha256: str | None = None  # absent from the files of a fedsim before it (MetricsChecksum)
+    metrics_lines: int | None = Field(None, ge=0)
 
 
 class Summary(Written):
@@ -387,6 +432,8 @@ class Summary(Written):
     config_sha256: str | None = None  # absent from the summaries of a fedsim before it (config_checksum)
     partition_sha256: str | None = None  # absent from the summaries of a fedsim before it (partition_checksum)
     data_sha256: str | None = None  # absent from the summaries of a fedsim before it (fedsim.data.fingerprint)
+    metrics_sha256: str | None = None  # absent from the summaries of a fedsim before it (MetricsChecksum)
+    metrics_lines: int | None = Field(None, ge=1)
 
 
 def final_accuracies(metrics: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -503,8 +550,9 @@ def read_run(path: str | Path) -> dict[str, Any]:
     ``partition`` (:func:`read_partition`; None without ``partition.csv``).
 
     A file that is not what fedsim writes (edited, truncated, another program's), or one that disagrees with
-    the others (:func:`check_summary`, :func:`check_evaluations`, :func:`check_partition`), is an error naming
-    it; so is a directory holding a run's files without its ``config.yaml``."""
+    the others (:func:`check_summary`, :func:`check_metrics`, :func:`check_evaluations`,
+    :func:`check_partition`), is an error naming it; so is a directory holding a run's files without its
+    ``config.yaml``."""
     path = Path(path)
     if not (path / "config.yaml").exists():
         held = [name for name in RECORD_FILES if (path / name).exists()]
@@ -512,12 +560,15 @@ def read_run(path: str | Path) -> dict[str, Any]:
                           f"run was: {_RESTORE}")  # fmt: skip
     cfg = read_run_config(path / "config.yaml", read_back=True)
     summary = read_summary(path) if (path / SUMMARY).exists() else None
+    progress = read_progress(path) if summary is None and (path / PROGRESS).exists() else None
     if summary is not None:
         check_summary(path, cfg, summary)
-    elif (path / PROGRESS).exists():
-        check_config(path, read_progress(path).get(CONFIG_CHECKSUM), PROGRESS, "ran")
+    elif progress is not None:
+        check_config(path, progress.get(CONFIG_CHECKSUM), PROGRESS, "ran")
     cadence = EvalCadence(cfg.eval.every, cfg.train.rounds)
     metrics = read_metrics(path, last=cfg.train.rounds, cadence=cadence)
+    if summary is not None or progress is not None:
+        check_metrics(path, summary or progress, SUMMARY if summary is not None else PROGRESS, metrics)
     check_evaluations(path, cadence, summary, metrics)
     partition = read_partition(path) if (path / "partition.csv").exists() else None
     if partition is not None:
@@ -566,6 +617,26 @@ def check_config(path: Path, recorded: str | None, source: str, did: str) -> Non
         raise FedsimError(
             f"{path}: config.yaml is not the config the run {did} ({CONFIG_CHECKSUM} in {source} differs; edited "
             f"after the run, or another run's): {_RESTORE}"
+        )
+
+
+def check_metrics(path: Path, recorded: dict[str, Any], source: str, metrics: list[dict[str, Any]]) -> None:
+    """A run's ``metrics.jsonl`` holds the lines the run wrote, as ``source`` records them (:class:`MetricsChecksum`,
+    where it does: a fedsim since it did): all of them after summary.json; after progress.json, the lines it
+    covers first, and perhaps one the run wrote after it. A line of another run spliced in, or one edited or
+    lost, put numbers on a curve that the run never measured."""
+    sha256, count = recorded.get(METRICS_CHECKSUM), recorded.get(METRICS_LINES)
+    if sha256 is None or count is None or (source == SUMMARY and not metrics):  # none: check_evaluations says it
+        return
+    if len(metrics) < count or (source == SUMMARY and len(metrics) != count):
+        raise FedsimError(
+            f"{path}: metrics.jsonl has {len(metrics)} lines where the run wrote {count} ({METRICS_LINES} in "
+            f"{source}; lines lost or added after the run): {_RESTORE}"
+        )
+    if MetricsChecksum(metrics[:count]).sha256 != sha256:
+        raise FedsimError(
+            f"{path}: metrics.jsonl's lines are not the ones the run wrote ({METRICS_CHECKSUM} in {source} differs; "
+            f"edited after the run, or another run's): {_RESTORE}"
         )
 
 

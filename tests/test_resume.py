@@ -22,7 +22,7 @@ from fedsim.cli import main
 from fedsim.client.state import load_client_state, save_client_state
 from fedsim.config import parse_config
 from fedsim.errors import FedsimError, TrainingError
-from fedsim.rundir import CHECKPOINT
+from fedsim.rundir import CHECKPOINT, read_run
 from fedsim.runner import run
 from fedsim.server.checkpoint import Checkpoint, resume_config
 from fedsim.server.reporter import RoundReporter
@@ -85,6 +85,7 @@ def check_resume(tmp_path: Path, stateful: bool, every: int = 4, **sections: Any
     at = Checkpoint.load(killed_dir).round
     assert at == every
     assert last_round(killed_dir) > at
+    assert len(read_run(killed_dir)["metrics"]) == len(metrics(killed_dir))  # progress.json's checksum holds
     saved = sorted((killed_dir / "client_state").glob("partition-*/round-*.bin"))
     if stateful:  # the clients trained so far, at this checkpoint and maybe the one before or after
         assert saved and all(int(f.stem.removeprefix("round-")) in (at - every, at, at + every) for f in saved)
@@ -99,6 +100,8 @@ def check_resume(tmp_path: Path, stateful: bool, every: int = 4, **sections: Any
     assert [m["round"] for m in expected] == list(range(2, 11, 2))
     summary = json.loads((killed_dir / "summary.json").read_text())
     assert summary["resumed_from_round"] == at
+    # the resumed run's checksum covers the lines it kept and wrote, not the killed run's past its checkpoint
+    assert summary["metrics_lines"] == len(read_run(killed_dir)["metrics"]) == len(expected)
     assert summary["final_client_mean_acc"] == whole["final_client_mean_acc"]
     final, reference = torch.load(killed_dir / "model.pt"), torch.load(Path(whole["run_dir"]) / "model.pt")
     assert all(torch.equal(final[k], reference[k]) for k in reference)

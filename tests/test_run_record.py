@@ -19,6 +19,7 @@ from fedsim.api import Run
 from fedsim.cli import main
 from fedsim.config import THREADS_PER_CPU, parse_config
 from fedsim.errors import FedsimError
+from fedsim.rundir import MetricsChecksum, read_run
 from fedsim.runner import run
 from tests.conftest import small_config
 
@@ -70,7 +71,27 @@ BROKEN: dict[str, tuple[Callable[[Path], None], str, str]] = {
     "last-line-cut": (
         lambda runs: write_lines(runs / "seed0", lines(runs / "seed0")[:-1]),
         "seed0",
-        ": metrics.jsonl ends at round 4 but the run finished 5 rounds (summary.json), the last of which it evaluates",
+        ": metrics.jsonl has 2 lines where the run wrote 3 (metrics_lines in summary.json; lines lost or added",
+    ),
+    "middle-line-lost": (
+        lambda runs: write_lines(runs / "seed0", [line for line in lines(runs / "seed0") if line["round"] != 2]),
+        "seed0",
+        ": metrics.jsonl has 2 lines where the run wrote 3 (metrics_lines in summary.json; lines lost or added",
+    ),
+    "line-of-another-run": (
+        lambda runs: write_lines(
+            runs / "seed0", [lines(runs / "seed1")[1] if line["round"] == 4 else line for line in lines(runs / "seed0")]
+        ),
+        "seed0",
+        ": metrics.jsonl's lines are not the ones the run wrote (metrics_sha256 in summary.json differs; edited",
+    ),
+    "client-accuracy-edited": (
+        lambda runs: write_lines(
+            runs / "seed1",
+            [{**line, "client_acc": [0.9] * 4} if line["round"] == 2 else line for line in lines(runs / "seed1")],
+        ),
+        "seed1",
+        ": metrics.jsonl's lines are not the ones the run wrote (metrics_sha256 in summary.json differs; edited",
     ),
     "round-renumbered": (
         lambda runs: write_lines(
@@ -165,14 +186,21 @@ def test_an_edit_of_what_does_not_change_learning_still_reads(
     assert capsys.readouterr().err == ""
 
 
+def strip_metrics_checksum(path: Path) -> None:
+    """``path`` (summary.json, progress.json) as a fedsim before metrics checksums wrote it."""
+    path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("metrics_")}))
+
+
 def test_an_evaluation_lost_before_the_last_is_said_and_the_rest_read(
     finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A line lost from the middle of metrics.jsonl (a file replaced under the running run, as round 4,100 of
-    results/full-budget's FedAvg cell): the summary and the other lines are the run's, so the run is read, and
-    a warning names the round its curve and rounds-to-target skip."""
+    """A line lost from the middle of metrics.jsonl of a run from before metrics checksums (round 4,100 of
+    results/full-budget's FedAvg cell, a file replaced under the running run): the summary and the other lines
+    are the run's, so the run is read, and a warning names the round its curve and rounds-to-target skip.
+    (A run with the checksum is refused: "middle-line-lost".)"""
     runs = tmp_path / "runs"
     shutil.copytree(finished, runs)
+    strip_metrics_checksum(runs / "seed0" / "summary.json")
     kept = [line for line in lines(runs / "seed0") if line["round"] != 2]
     write_lines(runs / "seed0", kept)
     assert main(["report", str(runs), "--out", str(tmp_path / "rep")]) == 0
@@ -295,13 +323,15 @@ def test_seeds_that_share_no_evaluated_round_are_said_not_dropped(
     finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Running seeds whose lines lost from metrics.jsonl leave them no round in common (seed 0 at round 4 with
-    round 2's line lost, seed 1 at round 2): no mean to draw, and said."""
+    round 2's line lost, seed 1 at round 2; runs of a fedsim before metrics checksums): no mean to draw, and
+    said."""
     runs = tmp_path / "runs"
     shutil.copytree(finished, runs)
     write_lines(runs / "seed0", lines(runs / "seed0")[1:2])
     write_lines(runs / "seed1", lines(runs / "seed1")[:1])
     for seed in (0, 1):
         (runs / f"seed{seed}" / "summary.json").unlink()
+        strip_metrics_checksum(runs / f"seed{seed}" / "progress.json")
     assert main(["plot", str(runs), "--mean-over-seeds", "--out", str(tmp_path / "fig")]) == 0
     assert "fedsim: skipped runs in accuracy.png: its 2 seeds have no evaluated round in common\n" in (
         capsys.readouterr().err
@@ -365,3 +395,28 @@ def test_an_unfinished_runs_config_edited_since_is_refused(
     with pytest.raises(FedsimError, match="config_sha256 in progress.json differs"):
         _ = Run(run_dir).config
     assert not (tmp_path / "fig").exists()
+
+
+def test_an_unfinished_runs_metrics_are_checked_as_far_as_progress_covers_them(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stopped run (no summary.json): progress.json's metrics checksum covers the lines written before it, and
+    the run may have written one more before it stopped (appended, then progress.json rewritten), which is read;
+    a line of another run spliced in, or fewer lines than progress.json covers, is refused."""
+    run_dir = tmp_path / "runs" / "stopped"
+    shutil.copytree(finished / "seed0", run_dir)
+    (run_dir / "summary.json").unlink()
+    progress = json.loads((run_dir / "progress.json").read_text())
+    assert progress["metrics_lines"] == 3 and len(progress["metrics_sha256"]) == 64
+    own = lines(run_dir)
+    edit_json(run_dir / "progress.json", metrics_lines=2, metrics_sha256=MetricsChecksum(own[:2]).sha256)
+    assert [line["round"] for line in read_run(run_dir)["metrics"]] == [2, 4, 5]  # the line after progress.json
+    write_lines(run_dir, own[:1])
+    with pytest.raises(FedsimError, match="metrics.jsonl has 1 lines where the run wrote 2 .metrics_lines in progress"):
+        read_run(run_dir)
+    write_lines(run_dir, [own[0], lines(finished / "seed1")[1], own[2]])
+    assert main(["plot", str(run_dir), "--out", str(tmp_path / "fig")]) == 2
+    err = capsys.readouterr().err
+    assert "metrics.jsonl's lines are not the ones the run wrote (metrics_sha256 in progress.json differs" in err, err
+    write_lines(run_dir, [own[0], own[1], lines(finished / "seed1")[2]])  # past what progress.json covers
+    assert read_run(run_dir)["metrics"][2] == lines(finished / "seed1")[2] != own[2]

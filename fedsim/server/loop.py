@@ -188,7 +188,7 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
     resumed = Checkpoint.load(out.path, cfg, data_sha256) if resume else None
     out.write_config(cfg)
     if resumed is not None:
-        out.restore_metrics(resumed.metrics)
+        out.restore_metrics(resumed.metrics, resumed.round)
     ds = fed.dataset
     partition_sha256 = out.write_partition(fed.train_counts, fed.test_counts, ds.classes)
     if show:
