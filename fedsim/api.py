@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from fedsim.config import RunConfig, apply_overrides, check_keys_once, load_config, parse_config
 from fedsim.errors import ConfigError, brief
-from fedsim.rundir import read_run, run_dirs
+from fedsim.records import read_run
+from fedsim.rundir import run_dirs
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -1,6 +1,6 @@
 """``fedsim plot RUN_DIR ...``: the figures a researcher would otherwise script by hand.
 
-One function per figure, each taking runs as :func:`fedsim.rundir.read_run` returns them, so
+One function per figure, each taking runs as :func:`fedsim.records.read_run` returns them, so
 ``fedsim report`` and ``fedsim plot`` draw the same picture the same way:
 
 - :func:`plot_accuracy`: accuracy against rounds, several runs on one axis;
@@ -27,12 +27,12 @@ import numpy as np
 
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.local import read_request
+from fedsim.records import read_run
 from fedsim.rundir import (
     LOCAL_JSON,
     directories_under,
     make_results_dir,
     read_metrics,
-    read_run,
     resolved,
     run_dirs,
     runs_root,

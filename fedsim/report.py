@@ -17,11 +17,11 @@ import numpy as np
 
 from fedsim.errors import FedsimError
 from fedsim.plots import plot_accuracy, plot_final_vs
+from fedsim.records import read_run
 from fedsim.rundir import (
     SUMMARY,
     atomic_write,
     make_results_dir,
-    read_run,
     run_dirs,
     runs_root,
     seed_groups,

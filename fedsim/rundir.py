@@ -11,11 +11,12 @@ releases when its process ends, however it ends, so a lock is never stale. A fre
 directory that is not fedsim's (:mod:`fedsim.ownership`), one that holds a finished run or one it could
 resume, and clears the leftovers of a run that was killed with nothing to resume. A write that fails (a
 full disk) is one error naming the file; it leaves no temp file, and what was written before it stays.
-:func:`read_run` and :func:`read_partition` read a run directory back (``fedsim report`` / ``fedsim
-plot``), finished or still running, through :mod:`fedsim.reading`, the config validated, the summary and the
-metrics checked against their schemas (:class:`Summary`, :class:`MetricsRecord`) and against each other
-(:func:`check_summary`, :func:`check_metrics`, :func:`check_evaluations`); :func:`read_progress` and
-:func:`read_error` read what a launcher polls while the ServerApp runs (:class:`Progress`, ``error.txt``).
+:func:`fedsim.records.read_run` reads a run directory back (``fedsim report`` / ``fedsim plot``), finished or
+still running, through this module's readers (:mod:`fedsim.reading` underneath: the config validated, the
+summary and the metrics checked against their schemas, :class:`Summary`, :class:`MetricsRecord`) and checks
+(:func:`check_summary`, :func:`check_metrics`, :func:`check_evaluations`, :func:`check_partition`);
+:func:`read_progress` and :func:`read_error` read what a launcher polls while the ServerApp runs
+(:class:`Progress`, ``error.txt``).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError, from_json
 
-from fedsim.config import RunConfig, read_run_config, read_yaml
+from fedsim.config import RunConfig, read_yaml
 from fedsim.data.fingerprint import DATA_FINGERPRINT
 from fedsim.errors import DataError, FedsimError, FedsimWarning
 from fedsim.integrity import digest
@@ -56,11 +57,13 @@ SUMMARY = "summary.json"
 CHECKPOINT = "checkpoint.pt"
 MODEL_CHECKSUM = "model_sha256"  # summary.json: model.pt's checksum (fedsim.integrity)
 CONFIG_CHECKSUM = "config_sha256"  # summary.json: config.yaml's checksum (config_checksum)
-PARTITION_CHECKSUM = "partition_sha256"  # summary.json: partition.csv's checksum (partition_checksum)
+# summary.json, progress.json: partition.csv's checksum (partition_checksum)
+PARTITION_CHECKSUM = "partition_sha256"
 METRICS_CHECKSUM = "metrics_sha256"  # summary.json, progress.json: metrics.jsonl's lines' checksum (MetricsChecksum)
 METRICS_LINES = "metrics_lines"  # summary.json, progress.json: how many lines of metrics.jsonl it covers
+SUMMARY_CHECKSUM = "summary_sha256"  # summary.json: the checksum of its other fields (summary_checksum)
 # summary.json's keys for fedsim, not for reading
-CHECKSUMS = (MODEL_CHECKSUM, CONFIG_CHECKSUM, PARTITION_CHECKSUM, METRICS_CHECKSUM, METRICS_LINES)
+CHECKSUMS = (MODEL_CHECKSUM, CONFIG_CHECKSUM, PARTITION_CHECKSUM, METRICS_CHECKSUM, METRICS_LINES, SUMMARY_CHECKSUM)
 CLIENT_STATE = "client_state"  # the nodes' state files of a checkpoint, under the run directory (by default)
 LOCK = ".lock"
 # A launcher that holds a run directory for the ServerApp it starts (fedsim deploy) names it here
@@ -245,6 +248,7 @@ class RunDir:
         make_dir(self.path)
         self.trackers = trackers(self.path) if trackers is not None else None
         self.config_sha256: str | None = None  # write_config's
+        self.partition_sha256: str | None = None  # write_partition's
         self.metrics_checksum = MetricsChecksum()  # of the lines of metrics.jsonl written so far
 
     def write_config(self, cfg: RunConfig) -> None:
@@ -261,19 +265,18 @@ class RunDir:
             for cid, row in enumerate(counts):
                 lines.append(f"{split},{cid}," + ",".join(str(int(v)) for v in row) + f",{int(row.sum())}")
         atomic_write(self.path / "partition.csv", ("\n".join(lines) + "\n").encode())
-        return partition_checksum(classes, {"train": train_counts, "test": test_counts})
+        self.partition_sha256 = partition_checksum(classes, {"train": train_counts, "test": test_counts})
+        return self.partition_sha256
 
     def restore_metrics(self, records: list[dict[str, Any]], server_round: int) -> None:
         """A resumed run (at its checkpoint's ``server_round``): the lines up to its checkpoint, dropping any the
-        killed run wrote after it. progress.json is rewritten first: the lines it covers stay the first of the
-        file at every moment (:func:`check_metrics`)."""
+        killed run wrote after it, then progress.json covering them (:func:`check_metrics`; the resume removed the
+        killed run's, :func:`claimed`, and the checkpoint vouches for the lines meanwhile)."""
         lines = [_metrics_line(r) for r in records]
-        self.metrics_checksum = MetricsChecksum()
-        for line in lines:
-            self.metrics_checksum.add(from_json(line))
+        atomic_write(self.path / "metrics.jsonl", b"".join(lines))
+        self.metrics_checksum = MetricsChecksum(from_json(line) for line in lines)
         last = records[-1] if records else {}
         self.write_progress(server_round, last.get("train_loss"), last.get("client_mean_acc"))
-        atomic_write(self.path / "metrics.jsonl", b"".join(lines))
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         """One line more, on disk before it counts in the metrics checksum progress.json and summary.json record."""
@@ -310,7 +313,7 @@ class RunDir:
         checksums of the config it runs (:meth:`write_config`) and of the metrics lines so far: an unfinished
         run's config.yaml and metrics.jsonl are checked by them."""
         progress = {"round": server_round, "loss": loss, "acc": acc, CONFIG_CHECKSUM: self.config_sha256}
-        progress = json_safe({**progress, **self.metrics_checksum.record()})
+        progress = json_safe({**progress, PARTITION_CHECKSUM: self.partition_sha256, **self.metrics_checksum.record()})
         atomic_write(self.path / PROGRESS, json.dumps(progress, allow_nan=False).encode())
 
     def write_error(self, message: str) -> None:
@@ -318,8 +321,9 @@ class RunDir:
         atomic_write(self.path / ERROR, message.encode())
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        """``summary.json``, with the checksum of every metrics line the run wrote."""
+        """``summary.json``, with the checksum of every metrics line the run wrote, and its own."""
         summary = json_safe({**summary, **self.metrics_checksum.record()})
+        summary[SUMMARY_CHECKSUM] = summary_checksum(summary)
         atomic_write(self.path / SUMMARY, (json.dumps(summary, indent=2, allow_nan=False) + "\n").encode())
 
     def close(self) -> None:
@@ -418,6 +422,7 @@ class Progress(Written):
     loss: float | None
     acc: float | None = Field(ge=0, le=1)
     config_sha256: str | None = None  # absent from the progress files of a fedsim before it (config_checksum)
+    partition_sha256: str | None = None  # absent from the files of a fedsim before it (partition_checksum)
     metrics_sha256: str | None = None  # absent from the files of a fedsim before it (MetricsChecksum)
     metrics_lines: int | None = Field(None, ge=0)
 
@@ -434,6 +439,7 @@ class Summary(Written):
     data_sha256: str | None = None  # absent from the summaries of a fedsim before it (fedsim.data.fingerprint)
     metrics_sha256: str | None = None  # absent from the summaries of a fedsim before it (MetricsChecksum)
     metrics_lines: int | None = Field(None, ge=1)
+    summary_sha256: str | None = None  # absent from the summaries of a fedsim before it (summary_checksum)
 
 
 def final_accuracies(metrics: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -513,7 +519,9 @@ class LostEvaluations(FedsimWarning):
     the rest is the run's, and read; the curve and the rounds to a target skip the rounds missing."""
 
 
-_RESTORE = "restore the whole run directory, or move it out of the directories given"
+RESTORE = "restore the whole run directory, or move it out of the directories given"
+# a stopped run rewrites its metrics.jsonl from its checkpoint on resume (or its directory is restored)
+RESUME = f"`fedsim run --resume` it from its {CHECKPOINT} (which rewrites the lines), or {RESTORE}"
 
 
 def holds_a_run(path: Path) -> bool:
@@ -539,47 +547,10 @@ def directories_under(root: Path) -> Iterator[Path]:
 
 def run_dirs(root: Path) -> list[Path]:
     """``root`` if it holds a run, else every directory below it that does (:func:`directories_under`), in order:
-    each to be read whole (:func:`read_run`) or refused, never passed over for a file it lacks."""
+    each to be read whole (:func:`fedsim.records.read_run`) or refused, never passed over for a file it lacks."""
     if holds_a_run(root):
         return [root]
     return [path for path in directories_under(root) if holds_a_run(path)]
-
-
-def read_run(path: str | Path) -> dict[str, Any]:
-    """A run directory read back: ``dir``, ``config`` (flattened), ``summary`` (None while running), ``metrics``,
-    ``partition`` (:func:`read_partition`; None without ``partition.csv``).
-
-    A file that is not what fedsim writes (edited, truncated, another program's), or one that disagrees with
-    the others (:func:`check_summary`, :func:`check_metrics`, :func:`check_evaluations`,
-    :func:`check_partition`), is an error naming it; so is a directory holding a run's files without its
-    ``config.yaml``."""
-    path = Path(path)
-    if not (path / "config.yaml").exists():
-        held = [name for name in RECORD_FILES if (path / name).exists()]
-        raise FedsimError(f"{path}: a run directory ({', '.join(held)}) without its config.yaml, which says what the "
-                          f"run was: {_RESTORE}")  # fmt: skip
-    cfg = read_run_config(path / "config.yaml", read_back=True)
-    summary = read_summary(path) if (path / SUMMARY).exists() else None
-    progress = read_progress(path) if summary is None and (path / PROGRESS).exists() else None
-    if summary is not None:
-        check_summary(path, cfg, summary)
-    elif progress is not None:
-        check_config(path, progress.get(CONFIG_CHECKSUM), PROGRESS, "ran")
-    cadence = EvalCadence(cfg.eval.every, cfg.train.rounds)
-    metrics = read_metrics(path, last=cfg.train.rounds, cadence=cadence)
-    if summary is not None or progress is not None:
-        check_metrics(path, summary or progress, SUMMARY if summary is not None else PROGRESS, metrics)
-    check_evaluations(path, cadence, summary, metrics)
-    partition = read_partition(path) if (path / "partition.csv").exists() else None
-    if partition is not None:
-        check_partition(path, cfg, summary, *partition)
-    return {
-        "dir": path,
-        "config": flatten(cfg.model_dump(mode="json")),
-        "summary": summary,
-        "metrics": metrics,
-        "partition": partition,
-    }
 
 
 def config_tree(cfg: RunConfig) -> dict[str, Any]:
@@ -598,16 +569,29 @@ def config_checksum(tree: dict[str, Any]) -> str:
 
 
 def check_summary(path: Path, cfg: RunConfig, summary: dict[str, Any]) -> None:
-    """A finished run's ``summary.json`` is of the run its ``config.yaml`` describes: the same rounds and, where
-    the summary records one (a fedsim since it did), the same :func:`config_checksum`. A config edited after the
+    """A finished run's ``summary.json`` is the one it wrote (:func:`summary_checksum`, where it records one: a
+    fedsim since it did), of the run its ``config.yaml`` describes: the same rounds and, where the summary
+    records one, the same :func:`config_checksum`. A config edited after the
     run (a seed, a learning rate) put the run's numbers under another config's label, or made two copies of a run
     two seeds."""
     if summary["rounds"] != cfg.train.rounds:
         raise FedsimError(
             f"{path}: summary.json says the run finished {summary['rounds']} rounds, its config.yaml's train.rounds "
-            f"is {cfg.train.rounds}: {_RESTORE}"
+            f"is {cfg.train.rounds}: {RESTORE}"
+        )
+    recorded = summary.get(SUMMARY_CHECKSUM)
+    if recorded is not None and recorded != summary_checksum(summary):
+        raise FedsimError(
+            f"{path}: summary.json is not the summary the run wrote ({SUMMARY_CHECKSUM} differs: a field edited after "
+            f"the run): {RESTORE}"
         )
     check_config(path, summary.get(CONFIG_CHECKSUM), SUMMARY, "finished with")
+
+
+def summary_checksum(summary: dict[str, Any]) -> str:
+    """The checksum (:func:`fedsim.integrity.digest`) of a summary's fields but its own (``summary_sha256``), as
+    JSON holds them: every number a report or ``fedsim.open_run`` shows (wall time, speed) is the run's."""
+    return digest(json.loads(json.dumps({k: v for k, v in summary.items() if k != SUMMARY_CHECKSUM})))
 
 
 def check_config(path: Path, recorded: str | None, source: str, did: str) -> None:
@@ -616,27 +600,40 @@ def check_config(path: Path, recorded: str | None, source: str, did: str) -> Non
     if recorded is not None and recorded != config_checksum(read_yaml(path / "config.yaml", "the run's config.yaml")):
         raise FedsimError(
             f"{path}: config.yaml is not the config the run {did} ({CONFIG_CHECKSUM} in {source} differs; edited "
-            f"after the run, or another run's): {_RESTORE}"
+            f"after the run, or another run's): {RESTORE}"
         )
+
+
+def lines_of(count: int) -> str:
+    """``count`` lines, in words."""
+    return f"{count} line{'' if count == 1 else 's'}"
 
 
 def check_metrics(path: Path, recorded: dict[str, Any], source: str, metrics: list[dict[str, Any]]) -> None:
     """A run's ``metrics.jsonl`` holds the lines the run wrote, as ``source`` records them (:class:`MetricsChecksum`,
     where it does: a fedsim since it did): all of them after summary.json; after progress.json, the lines it
-    covers first, and perhaps one the run wrote after it. A line of another run spliced in, or one edited or
-    lost, put numbers on a curve that the run never measured."""
+    covers and at most the one line of the round after its own, which a run stopped between writing the two
+    wrote last. A line of another run spliced in, or one edited, added or lost, put numbers on a curve that the
+    run never measured."""
     sha256, count = recorded.get(METRICS_CHECKSUM), recorded.get(METRICS_LINES)
     if sha256 is None or count is None or (source == SUMMARY and not metrics):  # none: check_evaluations says it
         return
-    if len(metrics) < count or (source == SUMMARY and len(metrics) != count):
+    extra = metrics[count:]
+    if source == SUMMARY and len(metrics) != count:
         raise FedsimError(
-            f"{path}: metrics.jsonl has {len(metrics)} lines where the run wrote {count} ({METRICS_LINES} in "
-            f"{source}; lines lost or added after the run): {_RESTORE}"
+            f"{path}: metrics.jsonl has {lines_of(len(metrics))} where the run wrote {count} ({METRICS_LINES} in "
+            f"{source}; lines lost or added after the run): {RESTORE}"
+        )
+    if len(metrics) < count or len(extra) > 1 or (extra and extra[0]["round"] != recorded["round"] + 1):
+        raise FedsimError(
+            f"{path}: metrics.jsonl has {lines_of(len(metrics))} (to round {metrics[-1]['round'] if metrics else 0}) "
+            f"where the run had written {count} by round {recorded['round']} ({METRICS_LINES} and round in "
+            f"{source}; lines lost or added since): {RESUME}"
         )
     if MetricsChecksum(metrics[:count]).sha256 != sha256:
         raise FedsimError(
             f"{path}: metrics.jsonl's lines are not the ones the run wrote ({METRICS_CHECKSUM} in {source} differs; "
-            f"edited after the run, or another run's): {_RESTORE}"
+            f"edited after the run, or another run's): {RESTORE if source == SUMMARY else RESUME}"
         )
 
 
@@ -653,18 +650,18 @@ def check_evaluations(
         if not rounds:
             raise FedsimError(
                 f"{path}: a finished run of {summary['rounds']} rounds (summary.json) whose metrics.jsonl is "
-                f"empty or missing: {_RESTORE}"
+                f"empty or missing: {RESTORE}"
             )
         if rounds[-1] != cadence.num_rounds:
             raise FedsimError(
                 f"{path}: metrics.jsonl ends at round {rounds[-1]} but the run finished {cadence.num_rounds} rounds "
-                f"(summary.json), the last of which it evaluates: {_RESTORE}"
+                f"(summary.json), the last of which it evaluates: {RESTORE}"
             )
         for key, value in final_accuracies(metrics).items():
             if summary[key] != value:
                 raise FedsimError(
                     f"{path}: summary.json's {key} is {summary[key]}, its metrics.jsonl's {value}: one of them was "
-                    f"edited or is another run's; {_RESTORE}"
+                    f"edited or is another run's; {RESTORE}"
                 )
     evaluated = [r for r in range(1, rounds[-1] + 1) if cadence.is_eval_round(r)] if rounds else []
     if lost := sorted(set(evaluated) - set(rounds)):
@@ -684,23 +681,25 @@ def partition_checksum(classes: list[str], counts: dict[str, np.ndarray]) -> str
 
 
 def check_partition(
-    path: Path, cfg: RunConfig, summary: dict[str, Any] | None, classes: list[str], counts: dict[str, np.ndarray]
-) -> None:
-    """A run's ``partition.csv`` is its own: a row per client of its config in each split and, where a finished
-    run's summary records one (a fedsim since it did), the same :func:`partition_checksum`. Another run's table
-    (another seed, beta or dataset) drew a label distribution the run never trained on."""
+    path: Path, cfg: RunConfig, recorded: dict[str, Any] | None, source: str, classes: list[str],
+    counts: dict[str, np.ndarray],
+) -> None:  # fmt: skip
+    """A run's ``partition.csv`` is its own: a row per client of its config in each split and, where ``source``
+    (the summary of a finished run, the progress of one not finished: ``recorded``) records one (a fedsim since it
+    did), the same :func:`partition_checksum`. Another run's table (another seed, beta or dataset) drew a label
+    distribution the run never trained on."""
     file = path / "partition.csv"
     shapes = {split: len(c) for split, c in counts.items()}
     if sorted(shapes) != ["test", "train"] or set(shapes.values()) != {cfg.train.num_clients}:
         raise FedsimError(
             f"{file}: rows per split {shapes}, where the run's config.yaml has {cfg.train.num_clients} clients "
-            f"(train.num_clients) in each of train and test: {_RESTORE}"
+            f"(train.num_clients) in each of train and test: {RESTORE}"
         )
-    recorded = (summary or {}).get(PARTITION_CHECKSUM)
-    if recorded is not None and recorded != partition_checksum(classes, counts):
+    sha256 = (recorded or {}).get(PARTITION_CHECKSUM)
+    if sha256 is not None and sha256 != partition_checksum(classes, counts):
         raise FedsimError(
-            f"{path}: partition.csv is not the partition the run trained on ({PARTITION_CHECKSUM} in summary.json "
-            f"differs; edited after the run, or another run's): {_RESTORE}"
+            f"{path}: partition.csv is not the partition the run trained on ({PARTITION_CHECKSUM} in {source} "
+            f"differs; edited after the run, or another run's): {RESTORE}"
         )
 
 

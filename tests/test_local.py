@@ -18,6 +18,7 @@ from fedsim.data.fingerprint import DATA_FINGERPRINT, fingerprint
 from fedsim.integrity import digest
 from fedsim.local import local_dir
 from fedsim.names import MAX_NAME, is_name
+from fedsim.rundir import summary_checksum
 from fedsim.runner import run
 from tests.conftest import MNIST_SMALL, REPO
 from tests.test_data_integrity import relabelled
@@ -184,8 +185,8 @@ def test_a_continuation_of_another_model_than_its_runs_is_refused(
     assert main(["plot", str(run_dir), "--out", str(tmp_path / "fig")]) == 0  # as it is: drawn
     assert (tmp_path / "fig" / "local.png").is_file()
     capsys.readouterr()
-    summary = json.loads((run_dir / "summary.json").read_text())
-    (run_dir / "summary.json").write_text(json.dumps({**summary, "model_sha256": "0" * 64}))  # another model's
+    summary = {**json.loads((run_dir / "summary.json").read_text()), "model_sha256": "0" * 64}  # another model's
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "summary_sha256": summary_checksum(summary)}))
     local = run_dir / "local-1"
     problem = (
         f"fedsim: error: {local}: a continuation of another model than its run's (model_sha256 in local.json is "
@@ -256,7 +257,7 @@ def test_other_data_than_the_run_trained_on_is_refused(
     run_dir = tmp_path / "copy"
     shutil.copytree(finished_run, run_dir, ignore=shutil.ignore_patterns("local-*"))
     summary = json.loads((run_dir / "summary.json").read_text())
-    del summary[DATA_FINGERPRINT]  # as a fedsim before fingerprints wrote it
+    del summary[DATA_FINGERPRINT], summary["summary_sha256"]  # as a fedsim before fingerprints wrote it
     (run_dir / "summary.json").write_text(json.dumps(summary))
     assert main(["local", str(run_dir), "--client", "0", "--steps", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -19,7 +19,8 @@ from fedsim.api import Run
 from fedsim.cli import main
 from fedsim.config import THREADS_PER_CPU, parse_config
 from fedsim.errors import FedsimError
-from fedsim.rundir import MetricsChecksum, read_run
+from fedsim.records import read_run
+from fedsim.rundir import MetricsChecksum
 from fedsim.runner import run
 from tests.conftest import small_config
 
@@ -44,6 +45,13 @@ def write_lines(run_dir: Path, records: list[dict[str, object]]) -> None:
 
 def edit_json(path: Path, **fields: object) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+def older_summary(path: Path, *keys: str, **fields: object) -> None:
+    """``path`` (a summary.json) as a fedsim before ``keys`` and before summaries' own checksum wrote it, with
+    ``fields``."""
+    summary = {k: v for k, v in json.loads(path.read_text()).items() if k not in (*keys, "summary_sha256")}
+    path.write_text(json.dumps({**summary, **fields}))
 
 
 def edit_config(run_dir: Path, section: str | None, key: str, value: object) -> None:
@@ -102,10 +110,20 @@ BROKEN: dict[str, tuple[Callable[[Path], None], str, str]] = {
         ", line 2: not readable as the JSON fedsim writes (round: round 3 is not one the run evaluated "
         "(eval.every: 2, and its last, 5) (got 3))",
     ),
-    "summary-final-accuracy": (
-        lambda runs: edit_json(runs / "seed0" / "summary.json", final_client_mean_acc=0.99),
+    "summary-final-accuracy": (  # in a summary without its own checksum, held to the metrics lines
+        lambda runs: older_summary(runs / "seed0" / "summary.json", final_client_mean_acc=0.99),
         "seed0",
         ": summary.json's final_client_mean_acc is 0.99, its metrics.jsonl's ",
+    ),
+    "summary-final-accuracy-sealed": (
+        lambda runs: edit_json(runs / "seed0" / "summary.json", final_client_mean_acc=0.99),
+        "seed0",
+        ": summary.json is not the summary the run wrote (summary_sha256 differs: a field edited after the run)",
+    ),
+    "summary-wall-time": (  # shown by fedsim.open_run(...).summary, and in the notes of a 10,000-round cell
+        lambda runs: edit_json(runs / "seed1" / "summary.json", wall_time_s=1.0),
+        "seed1",
+        ": summary.json is not the summary the run wrote (summary_sha256 differs: a field edited after the run)",
     ),
     "summary-rounds": (
         lambda runs: edit_json(runs / "seed0" / "summary.json", rounds=4),
@@ -186,11 +204,6 @@ def test_an_edit_of_what_does_not_change_learning_still_reads(
     assert capsys.readouterr().err == ""
 
 
-def strip_metrics_checksum(path: Path) -> None:
-    """``path`` (summary.json, progress.json) as a fedsim before metrics checksums wrote it."""
-    path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("metrics_")}))
-
-
 def test_an_evaluation_lost_before_the_last_is_said_and_the_rest_read(
     finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -200,7 +213,7 @@ def test_an_evaluation_lost_before_the_last_is_said_and_the_rest_read(
     (A run with the checksum is refused: "middle-line-lost".)"""
     runs = tmp_path / "runs"
     shutil.copytree(finished, runs)
-    strip_metrics_checksum(runs / "seed0" / "summary.json")
+    older_summary(runs / "seed0" / "summary.json", "metrics_sha256", "metrics_lines")
     kept = [line for line in lines(runs / "seed0") if line["round"] != 2]
     write_lines(runs / "seed0", kept)
     assert main(["report", str(runs), "--out", str(tmp_path / "rep")]) == 0
@@ -227,10 +240,7 @@ def test_a_run_of_a_fedsim_before_partition_checksums_is_read(
     runs = tmp_path / "runs"
     shutil.copytree(finished, runs)
     for seed in (0, 1):
-        path = runs / f"seed{seed}" / "summary.json"
-        summary = json.loads(path.read_text())
-        del summary["partition_sha256"]
-        path.write_text(json.dumps(summary))
+        older_summary(runs / f"seed{seed}" / "summary.json", "partition_sha256")
     assert main(["plot", str(runs), "--out", str(tmp_path / "fig")]) == 0, capsys.readouterr().err
     assert (tmp_path / "fig" / "label_distribution.png").stat().st_size > 0
 
@@ -248,7 +258,7 @@ def test_a_run_of_an_earlier_fedsim_is_read_after_a_config_key_is_added(
     tree = yaml.safe_load(path.read_text())
     assert tree["train"].pop("weight_decay") == 0.0  # as if fedsim had not had it: its default since
     path.write_text(yaml.safe_dump(tree, sort_keys=False))
-    edit_json(runs / "seed0" / "summary.json", config_sha256=config_checksum(tree))
+    older_summary(runs / "seed0" / "summary.json", config_sha256=config_checksum(tree))
     assert main(["report", str(runs), "--out", str(tmp_path / "rep")]) == 0, capsys.readouterr().err
     assert [row["seeds"] for row in csv.DictReader(open(tmp_path / "rep" / "results.csv"))] == ["2"]
 
@@ -331,7 +341,7 @@ def test_seeds_that_share_no_evaluated_round_are_said_not_dropped(
     write_lines(runs / "seed1", lines(runs / "seed1")[:1])
     for seed in (0, 1):
         (runs / f"seed{seed}" / "summary.json").unlink()
-        strip_metrics_checksum(runs / f"seed{seed}" / "progress.json")
+        edit_json(runs / f"seed{seed}" / "progress.json", metrics_sha256=None, metrics_lines=None)  # a fedsim before
     assert main(["plot", str(runs), "--mean-over-seeds", "--out", str(tmp_path / "fig")]) == 0
     assert "fedsim: skipped runs in accuracy.png: its 2 seeds have no evaluated round in common\n" in (
         capsys.readouterr().err
@@ -364,9 +374,7 @@ def test_seeds_trained_on_other_data_are_refused_not_averaged(
                               "other data (data_sha256 ") and len(err.splitlines()) == 1, err  # fmt: skip
     assert not (tmp_path / "rep").exists() and not (tmp_path / "fig").exists()  # refused before --out is made
     assert main(["plot", str(runs), "--out", str(tmp_path / "each")]) == 0  # each run drawn alone: no mean
-    summary = json.loads((runs / "s1" / "summary.json").read_text())
-    del summary["data_sha256"]
-    (runs / "s1" / "summary.json").write_text(json.dumps(summary))
+    older_summary(runs / "s1" / "summary.json", "data_sha256")
     assert main(["report", str(runs), "--out", str(tmp_path / "rep")]) == 0
     assert [row["seeds"] for row in csv.DictReader(open(tmp_path / "rep" / "results.csv"))] == ["2"]
 
@@ -401,22 +409,69 @@ def test_an_unfinished_runs_metrics_are_checked_as_far_as_progress_covers_them(
     finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A stopped run (no summary.json): progress.json's metrics checksum covers the lines written before it, and
-    the run may have written one more before it stopped (appended, then progress.json rewritten), which is read;
-    a line of another run spliced in, or fewer lines than progress.json covers, is refused."""
+    the run may have written the line of the round after it before it stopped (appended, then progress.json
+    rewritten), which is read; a line of another run spliced in, fewer lines than progress.json covers, or more
+    than that one line after them, is refused."""
     run_dir = tmp_path / "runs" / "stopped"
     shutil.copytree(finished / "seed0", run_dir)
     (run_dir / "summary.json").unlink()
     progress = json.loads((run_dir / "progress.json").read_text())
     assert progress["metrics_lines"] == 3 and len(progress["metrics_sha256"]) == 64
     own = lines(run_dir)
-    edit_json(run_dir / "progress.json", metrics_lines=2, metrics_sha256=MetricsChecksum(own[:2]).sha256)
+    # as the run left it when stopped after round 5's line, before its progress.json of round 5
+    edit_json(run_dir / "progress.json", round=4, metrics_lines=2, metrics_sha256=MetricsChecksum(own[:2]).sha256)
     assert [line["round"] for line in read_run(run_dir)["metrics"]] == [2, 4, 5]  # the line after progress.json
     write_lines(run_dir, own[:1])
-    with pytest.raises(FedsimError, match="metrics.jsonl has 1 lines where the run wrote 2 .metrics_lines in progress"):
+    with pytest.raises(FedsimError, match="has 1 line .to round 2. where the run had written 2 by round 4 "):
         read_run(run_dir)
+    edit_json(run_dir / "progress.json", round=2, metrics_lines=1, metrics_sha256=MetricsChecksum(own[:1]).sha256)
+    write_lines(run_dir, own)  # two lines past round 2: the run wrote one at most before it stopped
+    with pytest.raises(FedsimError, match="has 3 lines .to round 5. where the run had written 1 by round 2 "):
+        read_run(run_dir)
+    edit_json(run_dir / "progress.json", round=4, metrics_lines=2, metrics_sha256=MetricsChecksum(own[:2]).sha256)
     write_lines(run_dir, [own[0], lines(finished / "seed1")[1], own[2]])
     assert main(["plot", str(run_dir), "--out", str(tmp_path / "fig")]) == 2
     err = capsys.readouterr().err
     assert "metrics.jsonl's lines are not the ones the run wrote (metrics_sha256 in progress.json differs" in err, err
     write_lines(run_dir, [own[0], own[1], lines(finished / "seed1")[2]])  # past what progress.json covers
     assert read_run(run_dir)["metrics"][2] == lines(finished / "seed1")[2] != own[2]
+
+
+def test_a_resume_that_fails_leaves_the_stopped_runs_lines_held_to_its_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume removes the stopped run's progress.json (a launcher polling it would show the old round), then
+    refuses to go on (here: other data at data.root): the run's metrics lines are held to its checkpoint's
+    instead, which vouches for the lines a resume keeps, so an edit is still refused; and its partition.csv is
+    held to progress.json's checksum while that is there."""
+    import numpy as np
+
+    from tests.conftest import MNIST_SMALL
+    from tests.test_resume import fedsim, stopped_in
+
+    data, run_dir = tmp_path / "mnist.npz", tmp_path / "runs" / "stopped"
+    np.savez(data, **np.load(MNIST_SMALL))
+    raw = small_config(tmp_path, data={"root": str(data)}, train={"rounds": 9}, eval={"every": 1},
+                       output={"run_dir": str(run_dir), "checkpoint_every": 4})  # fmt: skip
+    stopped_in(raw, 7, monkeypatch)  # lines of rounds 1-6, its checkpoint at round 4
+    other = tmp_path / "other"
+    run(parse_config(small_config(tmp_path, seed=1, output={"run_dir": str(other)})))
+    shutil.copy(run_dir / "partition.csv", tmp_path / "partition.csv")
+    shutil.copy(other / "partition.csv", run_dir / "partition.csv")
+    with pytest.raises(FedsimError, match="partition_sha256 in progress.json differs"):
+        read_run(run_dir)
+    shutil.copy(tmp_path / "partition.csv", run_dir / "partition.csv")
+
+    arrays = dict(np.load(data))
+    np.savez(data, **{**arrays, "y_train": (arrays["y_train"] + 1) % 10})
+    resume = fedsim("run", "--resume", str(run_dir))  # a process of its own: this one holds the data decoded
+    _, err = resume.communicate(timeout=600)
+    assert resume.returncode == 2 and "data_sha256" in err and not (run_dir / "progress.json").exists(), err
+    assert [line["round"] for line in read_run(run_dir)["metrics"]] == [1, 2, 3, 4, 5, 6]
+    edited = lines(run_dir)
+    edited[2]["client_mean_acc"] = 0.99
+    write_lines(run_dir, edited)
+    problem = "metrics.jsonl does not begin with the 4 lines its checkpoint.pt holds (edited or lost after the run"
+    assert main(["plot", str(run_dir), "--out", str(tmp_path / "fig")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and problem in err, err

@@ -187,10 +187,10 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
     data_sha256 = fed.data_sha256
     resumed = Checkpoint.load(out.path, cfg, data_sha256) if resume else None
     out.write_config(cfg)
-    if resumed is not None:
-        out.restore_metrics(resumed.metrics, resumed.round)
     ds = fed.dataset
     partition_sha256 = out.write_partition(fed.train_counts, fed.test_counts, ds.classes)
+    if resumed is not None:  # after the config and partition, whose checksums progress.json records with it
+        out.restore_metrics(resumed.metrics, resumed.round)
     if show:
         console.print(partition_table(fed.train_counts, fed.test_counts, ds.classes))
         if fed.partition.note:
