@@ -76,16 +76,20 @@ FRONT_ROW = re.compile(
 
 def test_the_front_pages_full_budget_table_is_the_cells_own() -> None:
     """Each number of the README's full-budget table is its cell's final client-mean accuracy (summary.json);
-    a cell said to be running has a directory and no summary, one not started has no directory."""
+    a cell said to be unfinished at N rounds has no summary and a checkpoint of at least N rounds (its row in
+    results/full-budget/README.md says N too), one not started has no directory."""
     found = [m for line in (REPO / "README.md").read_text().splitlines() if (m := FRONT_ROW.match(line))]
     assert len(found) == 5, [m.group(0) for m in found]
+    table = {m["cell"]: number(m["done"]) for m in rows()}
     for row in found:
         cell = RESULTS / f"{row['method'].lower()}-{row['classes'] or 1}class-seed0"
         ours = row["ours"].strip()
         if ours == "not started":
             assert not cell.exists(), cell
-        elif ours == "running":
-            assert cell.is_dir() and not (cell / "summary.json").exists(), cell
+        elif unfinished := re.fullmatch(r"unfinished: ([\d,]+) of 10,000 rounds", ours):
+            done = number(unfinished[1])
+            assert not (cell / "summary.json").exists() and done <= rounds_done(cell.name), cell
+            assert table[cell.name] == done, (cell.name, table[cell.name], done)
         else:
             summary = json.loads((cell / "summary.json").read_text())
             assert summary["rounds"] == 10_000 and float(ours) == round(100 * summary["final_client_mean_acc"], 2)
