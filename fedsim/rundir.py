@@ -11,6 +11,9 @@ releases when its process ends, however it ends, so a lock is never stale. A fre
 directory that is not fedsim's (:mod:`fedsim.ownership`), one that holds a finished run or one it could
 resume, and clears the leftovers of a run that was killed with nothing to resume. A write that fails (a
 full disk) is one error naming the file; it leaves no temp file, and what was written before it stays.
+What the run writes carries checksums of the rest: progress.json, each round, of the config, the partition and
+the metrics lines so far (:class:`MetricsChecksum`); summary.json of the same, the model, and itself
+(:func:`summary_checksum`).
 :func:`fedsim.records.read_run` reads a run directory back (``fedsim report`` / ``fedsim plot``), finished or
 still running, through this module's readers (:mod:`fedsim.reading` underneath: the config validated, the
 summary and the metrics checked against their schemas, :class:`Summary`, :class:`MetricsRecord`) and checks
@@ -258,25 +261,22 @@ class RunDir:
         if self.trackers is not None:
             self.trackers.log_config(flatten(tree))
 
-    def write_partition(self, train_counts: np.ndarray, test_counts: np.ndarray, classes: list[str]) -> str:
-        """Write ``partition.csv``; returns its :func:`partition_checksum`, which the summary records."""
+    def write_partition(self, train_counts: np.ndarray, test_counts: np.ndarray, classes: list[str]) -> None:
+        """Write ``partition.csv``, and keep its :func:`partition_checksum` for progress.json and the summary."""
         lines = ["split,client," + ",".join(classes) + ",total"]
         for split, counts in (("train", train_counts), ("test", test_counts)):
             for cid, row in enumerate(counts):
                 lines.append(f"{split},{cid}," + ",".join(str(int(v)) for v in row) + f",{int(row.sum())}")
         atomic_write(self.path / "partition.csv", ("\n".join(lines) + "\n").encode())
         self.partition_sha256 = partition_checksum(classes, {"train": train_counts, "test": test_counts})
-        return self.partition_sha256
 
-    def restore_metrics(self, records: list[dict[str, Any]], server_round: int) -> None:
-        """A resumed run (at its checkpoint's ``server_round``): the lines up to its checkpoint, dropping any the
-        killed run wrote after it, then progress.json covering them (:func:`check_metrics`; the resume removed the
-        killed run's, :func:`claimed`, and the checkpoint vouches for the lines meanwhile)."""
+    def restore_metrics(self, records: list[dict[str, Any]]) -> None:
+        """A resumed run: the lines up to its checkpoint, dropping any the killed run wrote after it; the next
+        progress.json covers them (the resume removed the killed run's, :func:`claimed`, and until then its
+        checkpoint vouches for the lines: :func:`fedsim.records.check_against_checkpoint`)."""
         lines = [_metrics_line(r) for r in records]
         atomic_write(self.path / "metrics.jsonl", b"".join(lines))
         self.metrics_checksum = MetricsChecksum(from_json(line) for line in lines)
-        last = records[-1] if records else {}
-        self.write_progress(server_round, last.get("train_loss"), last.get("client_mean_acc"))
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         """One line more, on disk before it counts in the metrics checksum progress.json and summary.json record."""
@@ -320,11 +320,14 @@ class RunDir:
         """Why the run stopped, for a launcher that cannot see the ServerApp's exception."""
         atomic_write(self.path / ERROR, message.encode())
 
-    def write_summary(self, summary: dict[str, Any]) -> None:
-        """``summary.json``, with the checksum of every metrics line the run wrote, and its own."""
-        summary = json_safe({**summary, **self.metrics_checksum.record()})
+    def write_summary(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """Write ``summary.json`` with the checksums of the run's config, partition and metrics lines, and its own;
+        returns it as written."""
+        checksums = {CONFIG_CHECKSUM: self.config_sha256, PARTITION_CHECKSUM: self.partition_sha256}
+        summary = json_safe({**summary, **checksums, **self.metrics_checksum.record()})
         summary[SUMMARY_CHECKSUM] = summary_checksum(summary)
         atomic_write(self.path / SUMMARY, (json.dumps(summary, indent=2, allow_nan=False) + "\n").encode())
+        return summary
 
     def close(self) -> None:
         """The trackers get the run's files and are closed (once, however the run ended)."""
@@ -519,9 +522,9 @@ class LostEvaluations(FedsimWarning):
     the rest is the run's, and read; the curve and the rounds to a target skip the rounds missing."""
 
 
-RESTORE = "restore the whole run directory, or move it out of the directories given"
+RESTORE_HINT = "restore the whole run directory, or move it out of the directories given"
 # a stopped run rewrites its metrics.jsonl from its checkpoint on resume (or its directory is restored)
-RESUME = f"`fedsim run --resume` it from its {CHECKPOINT} (which rewrites the lines), or {RESTORE}"
+RESUME_HINT = f"`fedsim run --resume` it from its {CHECKPOINT} (which rewrites the lines), or {RESTORE_HINT}"
 
 
 def holds_a_run(path: Path) -> bool:
@@ -577,13 +580,13 @@ def check_summary(path: Path, cfg: RunConfig, summary: dict[str, Any]) -> None:
     if summary["rounds"] != cfg.train.rounds:
         raise FedsimError(
             f"{path}: summary.json says the run finished {summary['rounds']} rounds, its config.yaml's train.rounds "
-            f"is {cfg.train.rounds}: {RESTORE}"
+            f"is {cfg.train.rounds}: {RESTORE_HINT}"
         )
     recorded = summary.get(SUMMARY_CHECKSUM)
     if recorded is not None and recorded != summary_checksum(summary):
         raise FedsimError(
             f"{path}: summary.json is not the summary the run wrote ({SUMMARY_CHECKSUM} differs: a field edited after "
-            f"the run): {RESTORE}"
+            f"the run): {RESTORE_HINT}"
         )
     check_config(path, summary.get(CONFIG_CHECKSUM), SUMMARY, "finished with")
 
@@ -600,7 +603,7 @@ def check_config(path: Path, recorded: str | None, source: str, did: str) -> Non
     if recorded is not None and recorded != config_checksum(read_yaml(path / "config.yaml", "the run's config.yaml")):
         raise FedsimError(
             f"{path}: config.yaml is not the config the run {did} ({CONFIG_CHECKSUM} in {source} differs; edited "
-            f"after the run, or another run's): {RESTORE}"
+            f"after the run, or another run's): {RESTORE_HINT}"
         )
 
 
@@ -619,21 +622,22 @@ def check_metrics(path: Path, recorded: dict[str, Any], source: str, metrics: li
     if sha256 is None or count is None or (source == SUMMARY and not metrics):  # none: check_evaluations says it
         return
     extra = metrics[count:]
+    hint = RESUME_HINT if source == PROGRESS and (path / CHECKPOINT).is_file() else RESTORE_HINT
     if source == SUMMARY and len(metrics) != count:
         raise FedsimError(
             f"{path}: metrics.jsonl has {lines_of(len(metrics))} where the run wrote {count} ({METRICS_LINES} in "
-            f"{source}; lines lost or added after the run): {RESTORE}"
+            f"{source}; lines lost or added after the run): {RESTORE_HINT}"
         )
     if len(metrics) < count or len(extra) > 1 or (extra and extra[0]["round"] != recorded["round"] + 1):
         raise FedsimError(
             f"{path}: metrics.jsonl has {lines_of(len(metrics))} (to round {metrics[-1]['round'] if metrics else 0}) "
             f"where the run had written {count} by round {recorded['round']} ({METRICS_LINES} and round in "
-            f"{source}; lines lost or added since): {RESUME}"
+            f"{source}; lines lost or added since): {hint}"
         )
     if MetricsChecksum(metrics[:count]).sha256 != sha256:
         raise FedsimError(
             f"{path}: metrics.jsonl's lines are not the ones the run wrote ({METRICS_CHECKSUM} in {source} differs; "
-            f"edited after the run, or another run's): {RESTORE if source == SUMMARY else RESUME}"
+            f"edited after the run, or another run's): {hint}"
         )
 
 
@@ -650,18 +654,18 @@ def check_evaluations(
         if not rounds:
             raise FedsimError(
                 f"{path}: a finished run of {summary['rounds']} rounds (summary.json) whose metrics.jsonl is "
-                f"empty or missing: {RESTORE}"
+                f"empty or missing: {RESTORE_HINT}"
             )
         if rounds[-1] != cadence.num_rounds:
             raise FedsimError(
                 f"{path}: metrics.jsonl ends at round {rounds[-1]} but the run finished {cadence.num_rounds} rounds "
-                f"(summary.json), the last of which it evaluates: {RESTORE}"
+                f"(summary.json), the last of which it evaluates: {RESTORE_HINT}"
             )
         for key, value in final_accuracies(metrics).items():
             if summary[key] != value:
                 raise FedsimError(
                     f"{path}: summary.json's {key} is {summary[key]}, its metrics.jsonl's {value}: one of them was "
-                    f"edited or is another run's; {RESTORE}"
+                    f"edited or is another run's; {RESTORE_HINT}"
                 )
     evaluated = [r for r in range(1, rounds[-1] + 1) if cadence.is_eval_round(r)] if rounds else []
     if lost := sorted(set(evaluated) - set(rounds)):
@@ -693,13 +697,13 @@ def check_partition(
     if sorted(shapes) != ["test", "train"] or set(shapes.values()) != {cfg.train.num_clients}:
         raise FedsimError(
             f"{file}: rows per split {shapes}, where the run's config.yaml has {cfg.train.num_clients} clients "
-            f"(train.num_clients) in each of train and test: {RESTORE}"
+            f"(train.num_clients) in each of train and test: {RESTORE_HINT}"
         )
     sha256 = (recorded or {}).get(PARTITION_CHECKSUM)
     if sha256 is not None and sha256 != partition_checksum(classes, counts):
         raise FedsimError(
             f"{path}: partition.csv is not the partition the run trained on ({PARTITION_CHECKSUM} in {source} "
-            f"differs; edited after the run, or another run's): {RESTORE}"
+            f"differs; edited after the run, or another run's): {RESTORE_HINT}"
         )
 
 

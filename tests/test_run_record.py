@@ -31,7 +31,10 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("finished")
     for seed in (0, 1):
         run_dir = root / "runs" / f"seed{seed}"
-        run(parse_config(small_config(root, seed=seed, train={"rounds": 5}, output={"run_dir": str(run_dir)})))
+        summary = run(
+            parse_config(small_config(root, seed=seed, train={"rounds": 5}, output={"run_dir": str(run_dir)}))
+        )
+        assert summary == json.loads((run_dir / "summary.json").read_text())  # what it returns is what it wrote
     return root / "runs"
 
 
@@ -228,8 +231,9 @@ def test_an_evaluation_lost_before_the_last_is_said_and_the_rest_read(
 def test_a_finished_run_records_its_configs_and_partitions_checksums(finished: Path) -> None:
     summary = json.loads((finished / "seed0" / "summary.json").read_text())
     other = json.loads((finished / "seed1" / "summary.json").read_text())
-    for key in ("config_sha256", "partition_sha256"):
+    for key in ("config_sha256", "partition_sha256", "metrics_sha256", "summary_sha256"):
         assert len(summary[key]) == 64 and summary[key] != other[key]  # the seed draws another partition too
+    assert summary["metrics_lines"] == len(lines(finished / "seed0")) == 3
 
 
 def test_a_run_of_a_fedsim_before_partition_checksums_is_read(
@@ -468,10 +472,41 @@ def test_a_resume_that_fails_leaves_the_stopped_runs_lines_held_to_its_checkpoin
     _, err = resume.communicate(timeout=600)
     assert resume.returncode == 2 and "data_sha256" in err and not (run_dir / "progress.json").exists(), err
     assert [line["round"] for line in read_run(run_dir)["metrics"]] == [1, 2, 3, 4, 5, 6]
-    edited = lines(run_dir)
+    own, edited = lines(run_dir), lines(run_dir)
     edited[2]["client_mean_acc"] = 0.99
     write_lines(run_dir, edited)
     problem = "metrics.jsonl does not begin with the 4 lines its checkpoint.pt holds (edited or lost after the run"
     assert main(["plot", str(run_dir), "--out", str(tmp_path / "fig")]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and problem in err, err
+    write_lines(run_dir, own)
+    assert len(read_run(run_dir)["metrics"]) == 6
+    edit_config(run_dir, "train", "lr", 0.2)  # and progress.json, which held the config's checksum, is gone
+    with pytest.raises(FedsimError, match=f"{run_dir}: config.yaml differs from the checkpoint's config .train.lr"):
+        read_run(run_dir)
+
+
+def test_a_run_that_moves_on_while_it_is_read_is_read_again(
+    finished: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live run writes two lines between the reader's progress.json and its metrics.jsonl (a fast run,
+    evaluated each round): read as it was, it had lines past what progress.json covers and was refused; its
+    progress.json read again has moved on, so both are read again, of one round."""
+    import fedsim.records
+
+    run_dir = tmp_path / "live"
+    shutil.copytree(finished / "seed0", run_dir)
+    (run_dir / "summary.json").unlink()
+    now = (run_dir / "progress.json").read_text()
+    edit_json(
+        run_dir / "progress.json", round=2, metrics_lines=1, metrics_sha256=MetricsChecksum(lines(run_dir)[:1]).sha256
+    )
+    read = fedsim.records.read_metrics
+
+    def moving_on(*args: object, **kwargs: object) -> object:
+        metrics = read(*args, **kwargs)
+        (run_dir / "progress.json").write_text(now)  # the run's progress.json of round 5, written meanwhile
+        return metrics
+
+    monkeypatch.setattr(fedsim.records, "read_metrics", moving_on)
+    assert [line["round"] for line in read_run(run_dir)["metrics"]] == [2, 4, 5]

@@ -30,12 +30,8 @@ from fedsim.engines.layout import torch_threads
 from fedsim.errors import ConfigError, TrainingError
 from fedsim.experiment import Experiment, build_server
 from fedsim.rundir import (
-    CONFIG_CHECKSUM,
     MODEL_CHECKSUM,
-    PARTITION_CHECKSUM,
     RunDir,
-    config_checksum,
-    config_tree,
     default_run_dir,
 )
 from fedsim.server.checkpoint import Checkpoint, Checkpointer, set_rng_state
@@ -188,9 +184,9 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
     resumed = Checkpoint.load(out.path, cfg, data_sha256) if resume else None
     out.write_config(cfg)
     ds = fed.dataset
-    partition_sha256 = out.write_partition(fed.train_counts, fed.test_counts, ds.classes)
-    if resumed is not None:  # after the config and partition, whose checksums progress.json records with it
-        out.restore_metrics(resumed.metrics, resumed.round)
+    out.write_partition(fed.train_counts, fed.test_counts, ds.classes)
+    if resumed is not None:
+        out.restore_metrics(resumed.metrics)
     if show:
         console.print(partition_table(fed.train_counts, fed.test_counts, ds.classes))
         if fed.partition.note:
@@ -224,12 +220,10 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
         reporter.progress.stop()
     summary = reporter.summary(done)
     summary[DATA_FINGERPRINT] = data_sha256
-    summary[CONFIG_CHECKSUM] = config_checksum(config_tree(cfg))
-    summary[PARTITION_CHECKSUM] = partition_sha256
     if cfg.output.save_model:
         summary[MODEL_CHECKSUM] = out.save_model(arrays.to_torch_state_dict())
     checkpoints.finish()
-    out.write_summary(summary)  # last: a finished summary means a finished run directory
+    summary = out.write_summary(summary)  # last: a finished summary means a finished run directory
     if show:
         console.print(summary_table(summary))
     return summary
