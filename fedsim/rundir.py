@@ -220,7 +220,8 @@ def claimed(path: Path, resume: bool = False, field: str = "output.run_dir", own
 
 
 def _metrics_line(record: dict[str, Any]) -> bytes:
-    return (json.dumps(json_safe(record), allow_nan=False) + "\n").encode()
+    """A metrics record (JSON-safe: :func:`json_safe` applied, or read back from the file) as its line."""
+    return (json.dumps(record, allow_nan=False) + "\n").encode()
 
 
 class MetricsChecksum:
@@ -312,9 +313,13 @@ class RunDir:
         """The latest round, for whoever shows progress from outside the ServerApp (``fedsim deploy``), and the
         checksums of the config it runs (:meth:`write_config`) and of the metrics lines so far: an unfinished
         run's config.yaml and metrics.jsonl are checked by them."""
-        progress = {"round": server_round, "loss": loss, "acc": acc, CONFIG_CHECKSUM: self.config_sha256}
-        progress = json_safe({**progress, PARTITION_CHECKSUM: self.partition_sha256, **self.metrics_checksum.record()})
+        progress = json_safe({"round": server_round, "loss": loss, "acc": acc, **self._checksums()})
         atomic_write(self.path / PROGRESS, json.dumps(progress, allow_nan=False).encode())
+
+    def _checksums(self) -> dict[str, Any]:
+        """What progress.json and summary.json record of the run's files so far: config, partition, metrics."""
+        return {CONFIG_CHECKSUM: self.config_sha256, PARTITION_CHECKSUM: self.partition_sha256,
+                **self.metrics_checksum.record()}  # fmt: skip
 
     def write_error(self, message: str) -> None:
         """Why the run stopped, for a launcher that cannot see the ServerApp's exception."""
@@ -323,8 +328,7 @@ class RunDir:
     def write_summary(self, summary: dict[str, Any]) -> dict[str, Any]:
         """Write ``summary.json`` with the checksums of the run's config, partition and metrics lines, and its own;
         returns it as written."""
-        checksums = {CONFIG_CHECKSUM: self.config_sha256, PARTITION_CHECKSUM: self.partition_sha256}
-        summary = json_safe({**summary, **checksums, **self.metrics_checksum.record()})
+        summary = json_safe({**summary, **self._checksums()})
         summary[SUMMARY_CHECKSUM] = summary_checksum(summary)
         atomic_write(self.path / SUMMARY, (json.dumps(summary, indent=2, allow_nan=False) + "\n").encode())
         return summary
