@@ -1,6 +1,6 @@
-"""MkDocs hooks (``mkdocs.yml``): the site's front page is the repository's README, and the configuration
-reference (every key, and every built-in plugin's options) is generated from the code at every build, so
-neither can drift from its source."""
+"""MkDocs hooks (``mkdocs.yml``): the site's front page is the repository's README (with the figures it shows
+from outside ``docs/``), and the configuration reference (every key, and every built-in plugin's options) is
+generated from the code at every build, so neither can drift from its source."""
 
 from __future__ import annotations
 
@@ -32,8 +32,18 @@ def front_page(readme: str) -> str:
     return re.sub(r"(?<!!)\[([^\]]+)\]\(([^)\s]+)\)", relink, readme)
 
 
+def front_page_figures(readme: str) -> list[str]:
+    """The images the README shows from the repository outside ``docs/`` (``results/.../accuracy.png``): the site
+    carries each at the same path, so the front page's image links hold there as on GitHub."""
+    targets = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", readme)
+    return [t for t in targets if not t.startswith(("http://", "https://", "docs/"))]
+
+
 def on_files(files: Files, config: Any) -> Files:
-    files.append(File.generated(config, "index.md", content=front_page((REPO / "README.md").read_text())))
+    readme = (REPO / "README.md").read_text()
+    files.append(File.generated(config, "index.md", content=front_page(readme)))
+    for figure in front_page_figures(readme):
+        files.append(File.generated(config, figure, abs_src_path=str(REPO / figure)))
     return files
 
 

@@ -1,14 +1,19 @@
 """The documentation: the README is a front page whose commands and links hold, every page is in the site's
 navigation, and the configuration reference is generated from fedsim/config.py with a line for every key.
-(``mkdocs build --strict`` in ``.ci/run`` checks the links and anchors inside the site.)"""
+(``mkdocs build --strict`` in ``.ci/run`` checks the links and anchors inside the site; a test here shows that
+command fails on a broken link.)"""
 
 from __future__ import annotations
 
 import importlib.util
 import re
+import shutil
+import subprocess
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
 import yaml
 
 from fedsim.config import RunConfig
@@ -67,3 +72,37 @@ def test_the_configuration_reference_has_every_key_with_its_default_and_range() 
     assert rows["strategy"][2] == "`fedavg`" and rows["deploy.tls"][2] == "`false`"
     train = RunConfig.model_fields["train"].annotation.model_fields
     assert rows["train.rounds"][2] == f"`{train['rounds'].default}`"
+
+
+def _ci_docs_command() -> str:
+    """The line of ``.ci/run`` that builds the documentation site."""
+    lines = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if "mkdocs build" in line]
+    commands = [line for line in lines if not line.lstrip().startswith("#")]
+    assert len(commands) == 1, commands
+    return commands[0]
+
+
+@pytest.mark.slow
+def test_the_ci_docs_build_fails_on_a_broken_link(tmp_path: Path) -> None:
+    """CI's own command, on a copy of the site's sources with one broken link, exits non-zero naming it: a build
+    that drops strict mode's warnings (``--quiet``) exits 0 there and passes any broken link."""
+    for name in ("mkdocs.yml", "README.md"):
+        shutil.copy(REPO / name, tmp_path / name)
+    shutil.copytree(REPO / "docs", tmp_path / "docs", ignore=shutil.ignore_patterns("__pycache__"))
+    hooks = _generator_hooks(tmp_path)
+    for figure in hooks.front_page_figures((REPO / "README.md").read_text()):
+        (tmp_path / figure).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / figure, tmp_path / figure)
+    with (tmp_path / "docs" / "speed.md").open("a") as page:
+        page.write("\n[a page that is gone](no-such-page.md)\n")
+    res = subprocess.run(["bash", "-c", _ci_docs_command()], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode != 0, res.stdout + res.stderr
+    assert "no-such-page.md" in res.stdout + res.stderr
+
+
+def _generator_hooks(root: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_hooks", root / "docs" / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
