@@ -69,6 +69,7 @@ from pydantic import (
 
 from fedsim.config import THREADS_PER_CPU, HomePath, RunConfig, format_validation_error, load_config, read_yaml
 from fedsim.engines.layout import choose_layout, usable_cores
+from fedsim.environment import check_ray_temp_dir, check_working_directory
 from fedsim.errors import ERROR_FILE_ENV, ConfigError, FedsimError, TrainingError, brief
 from fedsim.experiment import resolve
 from fedsim.names import NAME_RULE, cut, is_name, printable
@@ -547,6 +548,8 @@ def _run_on_ray(
     from fedsim.runner import OFFLINE_ENV, use_run_env
 
     use_run_env()  # for the raylet started here (its workers' niceness)
+    if ray_cfg.address is None:
+        check_ray_temp_dir()
     start_ray(ray_cfg.address, runtime_env={"env_vars": dict(OFFLINE_ENV)})
     task = ray.remote(num_cpus=ray_cfg.cpus_per_run, num_gpus=ray_cfg.gpus_per_run)(_run_one)
     names: dict[Any, str] = {}
@@ -590,6 +593,7 @@ def run_sweep(
     is logged and recorded in ``<sweep dir>/failed.json`` and the others go on; the sweep then raises
     :class:`CellsFailed` naming the failed cells.
     """
+    check_working_directory()  # the sweep file and its base may be relative paths
     out, runs = plan(path, overrides, output)
     sweep = read_sweep(path)
     workers = parallel if parallel is not None else sweep.parallel
