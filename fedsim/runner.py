@@ -16,6 +16,7 @@ from fedsim.engines.layout import choose_layout
 from fedsim.engines.ray_cluster import check_ray_address
 from fedsim.environment import check_working_directory, fault_of
 from fedsim.errors import ConfigError
+from fedsim.exclusive import claim_process
 from fedsim.experiment import Experiment, build_server, resolve
 from fedsim.federation import Federation
 from fedsim.models import FedsimModel
@@ -120,9 +121,11 @@ def new_run_dir(parent: Path, name: str) -> Path:
     raise ConfigError(f"output.dir {parent}: 999 runs named {name!r} started this second; give output.run_dir")
 
 
+@claim_process("a run")
 def run(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
     """Run ``cfg`` in a run directory it owns while it runs; ``resume``: go on from the checkpoint in its run
-    dir (:func:`fedsim.server.checkpoint.resume_config`). A library that does not load, or memory that runs out, is an
+    dir (:func:`fedsim.server.checkpoint.resume_config`). One run at a time in a process
+    (:mod:`fedsim.exclusive`); a library that does not load, or memory that runs out, is an
     :class:`~fedsim.errors.EnvironmentFault`."""
     from fedsim.engines import run_with_engine
 

@@ -71,6 +71,7 @@ from fedsim.config import THREADS_PER_CPU, HomePath, RunConfig, format_validatio
 from fedsim.engines.layout import choose_layout, usable_cores
 from fedsim.environment import check_ray_temp_dir, check_working_directory
 from fedsim.errors import ERROR_FILE_ENV, ConfigError, FedsimError, TrainingError, brief
+from fedsim.exclusive import claim_process
 from fedsim.experiment import resolve
 from fedsim.names import NAME_RULE, cut, is_name, printable
 from fedsim.ownership import check_not_in_a_run
@@ -580,6 +581,7 @@ class CellsFailed(TrainingError):
     exits with status 1: the sweep itself was valid)."""
 
 
+@claim_process("a sweep")
 def run_sweep(
     path: str | Path,
     parallel: int | None = None,
@@ -591,7 +593,7 @@ def run_sweep(
 
     Raises before any run if a cell is invalid, naming each bad cell. A cell that fails while it runs
     is logged and recorded in ``<sweep dir>/failed.json`` and the others go on; the sweep then raises
-    :class:`CellsFailed` naming the failed cells.
+    :class:`CellsFailed` naming the failed cells. One sweep or run at a time in a process (:mod:`fedsim.exclusive`).
     """
     check_working_directory()  # the sweep file and its base may be relative paths
     out, runs = plan(path, overrides, output)
