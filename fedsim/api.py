@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from fedsim.config import RunConfig, apply_overrides, check_keys_once, load_config, parse_config
+from fedsim.environment import check_working_directory
 from fedsim.errors import ConfigError, brief
 from fedsim.records import read_run
 from fedsim.rundir import run_dirs
@@ -111,6 +112,7 @@ def _as_list(overrides: object) -> list[str]:
 def make_config(source: ConfigLike, overrides: Sequence[str] = ()) -> RunConfig:
     """A validated :class:`RunConfig` from a YAML path, a mapping of sections or a ``RunConfig``, with
     ``overrides`` as ``fedsim run --set`` takes them (``"train.rounds=5"``, values read as YAML)."""
+    check_working_directory()  # relative paths are read from it
     items = _as_list(overrides)
     if isinstance(source, RunConfig):
         source = source.model_dump(mode="json")
@@ -135,6 +137,7 @@ def resume(run_dir: str | os.PathLike[str]) -> Run:
     from fedsim.runner import run as run_config
     from fedsim.server.checkpoint import resume_config
 
+    check_working_directory()  # relative paths are read from it
     path = _path(run_dir, "run_dir")
     return Run(Path(run_config(resume_config(path), resume=True)["run_dir"]))
 

@@ -12,6 +12,7 @@ import warnings
 from typing import Any, NoReturn
 
 # only light modules here: main() takes SIGTERM over before the heavy ones load (pydantic, torch, Ray)
+from fedsim.environment import check_libraries_load, check_working_directory, fault_of
 from fedsim.errors import DEBUG_ENV, ERROR_FILE_ENV, ChildExit, ConfigError, FedsimError, FedsimWarning
 from fedsim.paths import home_expanded
 from fedsim.processes import sigterm_as_interrupt, sigterm_raised
@@ -306,13 +307,22 @@ def _record_error(err: FedsimError) -> None:
         return
 
 
+def _stop(err: FedsimError) -> int:
+    """The error as fedsim's one line, recorded for a sweep; status 2."""
+    print(f"fedsim: error: {err}", file=sys.stderr)
+    _record_error(err)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
-    """The ``fedsim`` command: its exit status is 0, 2 for bad input (one line on stderr), 1 for a sweep
-    some of whose cells failed, 130 on Ctrl-C and 143 on SIGTERM (one line each, every process the
-    command started stopped)."""
+    """The ``fedsim`` command: its exit status is 0, 2 for bad input or a fault of the environment (one line on
+    stderr, :mod:`fedsim.environment`), 1 for a sweep some of whose cells failed, 130 on Ctrl-C and 143 on SIGTERM
+    (one line each, every process the command started stopped)."""
     try:
         with sigterm_as_interrupt():  # from the first moment: start-up included, every engine after it
             args = build_parser().parse_args(argv)
+            check_working_directory()  # before torch loads: its libraries fail to, without one
+            check_libraries_load()
             if getattr(args, "set", None):  # every command's --set
                 from fedsim.config import check_keys_once
 
@@ -327,9 +337,9 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that Python's exit flush is quiet
         return 128 + signal.SIGPIPE
     except FedsimError as err:
-        print(f"fedsim: error: {err}", file=sys.stderr)
-        _record_error(err)
-        return 2
+        return _stop(err)
+    except (ImportError, MemoryError) as err:  # a library that does not load, memory run out: the environment's
+        return _stop(fault_of(err))
     except KeyboardInterrupt as err:  # SIGTERM's Terminated too, which code in between may have made a plain one
         sig = signal.SIGTERM if sigterm_raised() else signal.SIGINT
         how = "interrupted by SIGTERM" if sig == signal.SIGTERM else "interrupted"

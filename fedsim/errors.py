@@ -46,6 +46,11 @@ class DataError(FedsimError):
     """A dataset cannot be found, read or partitioned as asked."""
 
 
+class EnvironmentFault(FedsimError):
+    """The process's environment cannot run fedsim: a deleted working directory, a temp directory that cannot be
+    written, a library that does not load, an address-space limit too low; the message says what to change."""
+
+
 class TrainingError(FedsimError):
     """Training diverged (NaN / inf) or a client failed beyond the failure policy."""
 

@@ -37,6 +37,7 @@ from fedsim.diagnostics import ProbeDiagnostics, probe_images
 from fedsim.engines.layout import torch_threads
 from fedsim.errors import ConfigError, DataError, FedsimError, brief
 from fedsim.evaluation import evaluate
+from fedsim.exclusive import claim_process
 from fedsim.experiment import resolve
 from fedsim.integrity import read_torch, verify
 from fedsim.names import control_character, cut, unprintable
@@ -181,6 +182,7 @@ def load_model(run_dir: Path, summary: dict[str, Any]) -> dict[str, torch.Tensor
     return state
 
 
+@claim_process("fedsim local")
 def continue_locally(
     run_dir: str | Path, client: int, steps: int, every: int, overrides: list[str] | None = None
 ) -> Path:
@@ -210,8 +212,7 @@ def continue_locally(
     except RuntimeError as err:  # --set changed the model's tensors
         first = str(err).splitlines()[1].strip() if len(str(err).splitlines()) > 1 else str(err)
         raise ConfigError(
-            f"{run_dir}/model.pt does not fit the model this config builds (--set {' '.join(overrides or [])}): "
-            f"{first}"
+            f"{run_dir}/model.pt does not fit the model this config builds (--set {' '.join(overrides or [])}): {first}"
         ) from err
     own = data.class_counts > 0
     # one continuation at a time per directory; the same request again replaces its metrics (the same numbers:

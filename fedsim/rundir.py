@@ -50,7 +50,7 @@ from fedsim.config import RunConfig, read_yaml
 from fedsim.data.fingerprint import DATA_FINGERPRINT
 from fedsim.errors import DataError, FedsimError, FedsimWarning
 from fedsim.integrity import digest
-from fedsim.ownership import RESULTS, RESULTS_BESIDE, check_own, mark_own, unusable
+from fedsim.ownership import MARKER, RESULTS, RESULTS_BESIDE, check_own, mark_own, unusable
 from fedsim.reading import SUMMARY_BYTES, read_json, read_json_lines, read_text
 from fedsim.server.sampling import EvalCadence
 
@@ -74,6 +74,9 @@ HELD_ENV = "FEDSIM_RUN_DIR_HELD"
 # What a run leaves behind: what a fresh run clears from a killed run's directory
 RUN_FILES = ("config.yaml", "partition.csv", "metrics.jsonl", SUMMARY, "model.pt", CHECKPOINT, PROGRESS, ERROR)
 RUN_DIRS = ("tb", CLIENT_STATE, "deploy")
+# What a fresh run writes before it records anything (a metrics line, a checkpoint): a run directory holding
+# nothing else when its run fails is taken back (claimed)
+BEFORE_RECORDS = ("config.yaml", "partition.csv", PROGRESS, "tb", LOCK, MARKER)
 # The files of a run's record: a directory holding any of them is a run directory to read back, whole
 RECORD_FILES = ("config.yaml", "partition.csv", "metrics.jsonl", SUMMARY, CHECKPOINT, PROGRESS)
 LOCAL_JSON = "local.json"  # what `fedsim local` ran, in RUN_DIR/local-<k>/ (fedsim.local)
@@ -175,19 +178,25 @@ def resolved(path: Path, field: str) -> Path:
 
 
 @contextmanager
-def claimed(path: Path, resume: bool = False, field: str = "output.run_dir", owner: str = "run") -> Iterator[None]:
+def claimed(
+    path: Path, resume: bool = False, field: str = "output.run_dir", owner: str = "run", made: bool = False
+) -> Iterator[None]:
     """Own ``path`` for one ``owner`` (a run, a sweep) while the block runs: a fresh run (``resume`` false)
     also clears the leftovers of a killed run there, a resumed one the stopped server's ``progress.json`` and
     ``error.txt``; a directory another live one owns is an error naming its pid. ``field``: the config field
     or argument that named ``path``, for messages. Only a directory that is fedsim's ``owner`` is claimed
     (:mod:`fedsim.ownership`), and marked so; except a run resumed, whose checkpoint (checksummed,
-    :mod:`fedsim.integrity`) shows it is fedsim's, marked or not."""
+    :mod:`fedsim.integrity`) shows it is fedsim's, marked or not. A fresh run that fails before it records
+    anything takes back what it wrote (:func:`take_back`); the directory too if the run made it (``made``: by
+    its caller, or here)."""
     path = resolved(path, field)
     if not resume:
         check_fresh(path, field, owner)
     elif owner != "run":
         check_own(path, owner, field)
+    made = made or not path.exists()
     make_dir(path, field)
+    marked = (path / MARKER).is_file()
     if not (resume and owner == "run"):
         mark_own(path, owner)
     if os.environ.get(HELD_ENV) == str(path):  # the launcher that started this process owns it for us
@@ -214,9 +223,40 @@ def claimed(path: Path, resume: bool = False, field: str = "output.run_dir", own
         else:  # not this run's: a launcher that polls them would show the old round, or stop at the old error
             for name in (PROGRESS, ERROR):
                 (path / name).unlink(missing_ok=True)
-        yield
+        try:
+            yield
+        except BaseException:
+            if not resume and owner == "run":  # while the lock is held: no other run is writing here
+                take_back(path, marked, made)
+            raise
     finally:
         os.close(fd)  # releases the lock
+
+
+def records_nothing(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds nothing but what a fresh run writes before it records anything."""
+    with os.scandir(run_dir) as entries:
+        return all(entry.name in BEFORE_RECORDS for entry in entries)
+
+
+def take_back(run_dir: Path, marked: bool, made: bool) -> None:
+    """A fresh run's directory, when its run failed having recorded nothing (:func:`records_nothing`), as the run
+    found it: its files, its lock and its mark (unless ``marked`` before) removed, and the directory itself if the
+    run ``made`` it. Anything else there (a log the error names, an error.txt) keeps every file where it is. A
+    removal that fails leaves the rest: the run's own error is the one reported."""
+    try:
+        if not records_nothing(run_dir):
+            return
+        with os.scandir(run_dir) as entries:
+            for entry in [e for e in entries if not (marked and e.name == MARKER)]:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+        if made:
+            run_dir.rmdir()  # fails if another run has claimed it since: it stays, theirs
+    except OSError:
+        return
 
 
 def _metrics_line(record: dict[str, Any]) -> bytes:
@@ -476,9 +516,11 @@ def read_metrics(
 
 def metrics_so_far(run_dir: Path) -> str:
     """Where a stopped run's metrics are, for the message saying why it stopped: only what is there (a run
-    stopped before its first evaluation wrote none)."""
+    stopped before its first evaluation wrote none, and one that recorded nothing leaves nothing: :func:`claimed`)."""
     if (run_dir / "metrics.jsonl").is_file():
         return f"the metrics so far are in {run_dir}"
+    if records_nothing(run_dir):
+        return f"nothing was recorded yet, and what the run wrote in {run_dir} is removed"
     return f"no metrics were written yet (the run directory is {run_dir})"
 
 

@@ -14,7 +14,9 @@ from fedsim.config import RunConfig
 from fedsim.diagnostics import probe_images
 from fedsim.engines.layout import choose_layout
 from fedsim.engines.ray_cluster import check_ray_address
+from fedsim.environment import check_working_directory, fault_of
 from fedsim.errors import ConfigError
+from fedsim.exclusive import claim_process
 from fedsim.experiment import Experiment, build_server, resolve
 from fedsim.federation import Federation
 from fedsim.models import FedsimModel
@@ -49,6 +51,7 @@ def plan(cfg: RunConfig, resume: bool = False) -> Experiment:
     """The experiment a run of ``cfg`` will be, after every check that needs no training (plugins and
     options, the run directory, the Ray address, the data and its split, ``vmap_clients``), with its run
     directory fixed: ``output.run_dir``, else a new ``<output.dir>/<name>-<time>`` made for it."""
+    check_working_directory()  # relative paths are read from it
     use_run_env()
     cfg = choose_layout(cfg.model_copy(deep=True))  # before the Ray address check, which reads the backend
     experiment = resolve(cfg)
@@ -118,18 +121,26 @@ def new_run_dir(parent: Path, name: str) -> Path:
     raise ConfigError(f"output.dir {parent}: 999 runs named {name!r} started this second; give output.run_dir")
 
 
+@claim_process("a run")
 def run(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
     """Run ``cfg`` in a run directory it owns while it runs; ``resume``: go on from the checkpoint in its run
-    dir (:func:`fedsim.server.checkpoint.resume_config`)."""
+    dir (:func:`fedsim.server.checkpoint.resume_config`). One run at a time in a process
+    (:mod:`fedsim.exclusive`); a library that does not load, or memory that runs out, is an
+    :class:`~fedsim.errors.EnvironmentFault`."""
     from fedsim.engines import run_with_engine
 
-    experiment = plan(cfg, resume)
-    run_dir = Path(experiment.config.output.run_dir or "")
-    with claimed(run_dir, resume):
-        try:
-            return run_with_engine(experiment, resume)
-        except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: fedsim's one line says where the run stands
-            err.add_note(metrics_so_far(run_dir))
-            if (run_dir / CHECKPOINT).is_file():  # written whole or not at all (a temporary file renamed)
-                err.add_note(f"fedsim run --resume {run_dir} continues it from its last checkpoint")
+    try:
+        experiment = plan(cfg, resume)
+        run_dir = Path(experiment.config.output.run_dir or "")
+        with claimed(run_dir, resume, made=not cfg.output.run_dir):  # plan made <output.dir>/<name>-<time>
+            try:
+                return run_with_engine(experiment, resume)
+            except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: fedsim's one line says where the run stands
+                err.add_note(metrics_so_far(run_dir))
+                if (run_dir / CHECKPOINT).is_file():  # written whole or not at all (a temporary file renamed)
+                    err.add_note(f"fedsim run --resume {run_dir} continues it from its last checkpoint")
+                raise
+    except (ImportError, MemoryError, RuntimeError) as err:
+        if (fault := fault_of(err)) is None:
             raise
+        raise fault from err

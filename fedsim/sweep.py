@@ -69,7 +69,9 @@ from pydantic import (
 
 from fedsim.config import THREADS_PER_CPU, HomePath, RunConfig, format_validation_error, load_config, read_yaml
 from fedsim.engines.layout import choose_layout, usable_cores
+from fedsim.environment import check_ray_temp_dir, check_working_directory
 from fedsim.errors import ERROR_FILE_ENV, ConfigError, FedsimError, TrainingError, brief
+from fedsim.exclusive import claim_process
 from fedsim.experiment import resolve
 from fedsim.names import NAME_RULE, cut, is_name, printable
 from fedsim.ownership import check_not_in_a_run
@@ -547,6 +549,8 @@ def _run_on_ray(
     from fedsim.runner import OFFLINE_ENV, use_run_env
 
     use_run_env()  # for the raylet started here (its workers' niceness)
+    if ray_cfg.address is None:
+        check_ray_temp_dir()
     start_ray(ray_cfg.address, runtime_env={"env_vars": dict(OFFLINE_ENV)})
     task = ray.remote(num_cpus=ray_cfg.cpus_per_run, num_gpus=ray_cfg.gpus_per_run)(_run_one)
     names: dict[Any, str] = {}
@@ -577,6 +581,7 @@ class CellsFailed(TrainingError):
     exits with status 1: the sweep itself was valid)."""
 
 
+@claim_process("a sweep")
 def run_sweep(
     path: str | Path,
     parallel: int | None = None,
@@ -588,8 +593,9 @@ def run_sweep(
 
     Raises before any run if a cell is invalid, naming each bad cell. A cell that fails while it runs
     is logged and recorded in ``<sweep dir>/failed.json`` and the others go on; the sweep then raises
-    :class:`CellsFailed` naming the failed cells.
+    :class:`CellsFailed` naming the failed cells. One sweep or run at a time in a process (:mod:`fedsim.exclusive`).
     """
+    check_working_directory()  # the sweep file and its base may be relative paths
     out, runs = plan(path, overrides, output)
     sweep = read_sweep(path)
     workers = parallel if parallel is not None else sweep.parallel

@@ -236,7 +236,7 @@ def test_nan_stops_the_run_naming_round_and_client_and_keeps_the_checkpoint(tmp_
 
 @pytest.mark.parametrize(
     ("round_", "so_far"),
-    [(1, "no metrics were written yet (the run directory is {})"), (3, "the metrics so far are in {}")],
+    [(1, "nothing was recorded yet, and what the run wrote in {} is removed"), (3, "the metrics so far are in {}")],
 )
 def test_nan_stop_on_the_command_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], round_: int, so_far: str
@@ -250,7 +250,7 @@ def test_nan_stop_on_the_command_line(
         f"fedsim: error: training diverged in round {round_}: client 0: training loss is inf; no checkpoint was "
         f"written (output.checkpoint_every: 0); {so_far.format(tmp_path / 'd')}\n"
     )
-    assert (tmp_path / "d" / "metrics.jsonl").exists() == (round_ == 3)
+    assert (tmp_path / "d").exists() == (tmp_path / "d" / "metrics.jsonl").exists() == (round_ == 3)
 
 
 def test_a_global_model_that_evaluates_to_nan_stops_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

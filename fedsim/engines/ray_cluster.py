@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from fedsim.config import RunConfig, SimulationConfig
+from fedsim.environment import check_ray_started, check_ray_temp_dir
 from fedsim.errors import ConfigError
 from fedsim.names import check_host
 from fedsim.processes import signals_deferred, watchdog
@@ -125,10 +126,13 @@ def init_ray(sim: SimulationConfig) -> bool:
 
     if ray.is_initialized():  # a caller's session (a test, a notebook): use it, leave it up
         return False
+    if sim.ray_address is None:
+        check_ray_temp_dir()
     try:
         start_ray(sim.ray_address, log_to_driver=True, logging_level="warning", configure_logging=False)
     except Exception as err:  # Ray raises ConnectionError, TimeoutError, RuntimeError, ... here
         if sim.ray_address is None:
+            check_ray_started(err)  # an address-space limit named
             raise
         raise ConfigError(f"{FIELD} = {sim.ray_address!r}: could not join the Ray cluster: {err}") from err
     return True
