@@ -1,5 +1,10 @@
 """Joining Ray: a fresh instance in this process, or an existing cluster (``simulation.ray_address``).
 
+A Ray instance started here is this process's alone: every server it starts (the GCS, the raylet's node and
+object managers, each worker's and this driver's core worker, the runtime-env agent) listens on 127.0.0.1, and
+the dashboard is off, so no other machine can join it and run code in it (:func:`_on_loopback`). Only
+``simulation.ray_address`` joins a wider cluster, whose exposure is the cluster's own (docs/ray-clusters.md).
+
 The address is checked before any data is loaded or a run directory written, because an address
 that nobody answers on otherwise surfaces late: as a Ray timeout after the data is decoded, or,
 under Flower's runtime, as a logged error in a thread. Leaving a cluster only disconnects this
@@ -18,7 +23,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from fedsim.config import RunConfig, SimulationConfig
@@ -79,6 +84,26 @@ def check_ray_address(cfg: RunConfig) -> None:
 
 
 @contextmanager
+def _on_loopback() -> Iterator[None]:
+    """Every server of the Ray instance that ``ray.init`` starts in the block listens on 127.0.0.1 alone.
+
+    Ray's servers listen on every address (this driver's on the node's IP) unless the node's IP is 127.0.0.1.
+    ``ray.init`` takes that IP from ``get_node_ip_address``, and turns a given 127.0.0.1 into it as well; it is
+    the loopback address only while ``ray_constants.ENABLE_RAY_CLUSTER`` is False, Ray's setting for a
+    one-machine instance on Windows and macOS (read from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER at import). The
+    constant is False for the block, in this process alone: the processes ``ray.init`` starts are told the
+    node's IP on their command lines, and a cluster joined later is joined at the host's address again.
+    """
+    from ray._private import ray_constants
+
+    enabled, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = enabled
+
+
+@contextmanager
 def _uninterrupted() -> Iterator[None]:
     """Ctrl-C or SIGTERM while the block (``ray.init``) runs is raised once it has ended; a second one at once.
 
@@ -105,13 +130,13 @@ def _uninterrupted() -> Iterator[None]:
 
 
 def start_ray(address: str | None, **init_args: Any) -> None:
-    """``ray.init``: a Ray instance here (``address`` None), never a cluster that `ray start` left
-    running, or the cluster at ``address``; see the module's docstring for what it guarantees."""
+    """``ray.init``: a Ray instance here, on loopback (``address`` None), never a cluster that `ray start` left
+    running; or the cluster at ``address``. See the module's docstring for what it guarantees."""
     import ray
 
     if address is None:  # from before the head starts, so its agents are found as they appear; they are
         watchdog(grace_s=AGENTS_GRACE_S)  # killed: an agent waiting on the dead GCS acts on SIGTERM after 60 s
-    with _uninterrupted():
+    with _on_loopback() if address is None else nullcontext(), _uninterrupted():
         ray.init(address=address or "local", include_dashboard=False, **init_args)
 
 
