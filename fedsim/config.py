@@ -205,6 +205,7 @@ class ClientResources(_Strict):
 
 
 THREADS_PER_CPU = 4  # simulation.threads' bound, in CPUs of the machine
+RAY_PROBE_TIMEOUT_S = 10.0  # the most simulation.ray_address's check waits for a Ray cluster to answer
 # validation context: a run directory's config read back (fedsim report, plot), not run on this machine
 READ_BACK = "read_back"
 
@@ -220,7 +221,9 @@ class SimulationConfig(_Strict):
     ray_address: str | None = Field(
         None,
         pattern=r"^(auto|(ray://)?[^\s/]+:\d+)$",
-        description="join an existing Ray cluster: auto, host:port (GCS) or ray://host:port (Ray Client)",
+        description="join an existing Ray cluster: auto, host:port (GCS) or ray://host:port (Ray Client); checked "
+        f"before the run starts: a Ray of this Ray and Python version must answer there within {RAY_PROBE_TIMEOUT_S:g} "
+        "s; unset: a Ray instance of this process alone, every server on 127.0.0.1",
     )
     device: Literal["cpu", "cuda"] = "cpu"
     threads: int | Literal["auto"] = Field(

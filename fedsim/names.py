@@ -106,3 +106,8 @@ def check_host(host: str, what: str) -> str:
         f"none starting or ending with '-', not digits and dots only; at most {MAX_HOST} characters) or an IP "
         "address, e.g. superlink, server.example.org, 10.0.0.5"
     )
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import _thread
 import ctypes
+import ipaddress
 import os
 import signal
 import subprocess
@@ -114,28 +115,63 @@ def stop_tree(roots: set[int], grace_s: float = 10.0) -> None:
         wait_gone(seen, 10.0)
 
 
-def listening_pids(port: int) -> set[int]:
-    """Pids of the processes (in this network namespace) with a listening TCP socket on ``port``."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+Socket = tuple[str, str, int]  # (protocol, address, port)
+_TABLES = {"tcp": "0A", "tcp6": "0A", "udp": "07", "udp6": "07"}  # /proc/net tables: TCP LISTEN, UDP unconnected
+
+
+def _address(hex_address: str) -> str:
+    """An address of a /proc/net table (IPv4: 4 bytes, IPv6: four 32-bit words, each in host order) as text."""
+    raw = bytes.fromhex(hex_address)
+    return str(ipaddress.ip_address(b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))))
+
+
+def _listening_inodes(tables: Path) -> dict[str, Socket]:
+    """``socket:[inode]`` -> socket, for every TCP socket listening and UDP socket bound but unconnected in the
+    tables under ``tables`` (/proc/net: this process's network namespace; /proc/<pid>/net: that process's)."""
+    found = {}
+    for name, state in _TABLES.items():
         try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:  # no IPv6 here
+            rows = (tables / name).read_text().splitlines()[1:]
+        except OSError:  # no IPv6 here, or the process ended
             continue
         for row in rows:
             fields = row.split()
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
-                inodes.add(f"socket:[{fields[9]}]")
-    pids = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
-                pids.add(int(proc.name))
-        except OSError:  # ended meanwhile, or not ours to read
-            continue
-    return pids
+            if fields[3] == state:
+                address, port = fields[1].split(":")
+                found[f"socket:[{fields[9]}]"] = (name.rstrip("6"), _address(address), int(port, 16))
+    return found
+
+
+def _socket_links(pid: int) -> set[str]:
+    """What the file descriptors of process ``pid`` point to (``socket:[inode]`` for a socket)."""
+    links = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                links.add(os.readlink(fd))
+            except OSError:  # closed meanwhile
+                continue
+    except OSError:  # ended meanwhile, or not ours to read
+        pass
+    return links
+
+
+def listening_pids(port: int) -> set[int]:
+    """Pids of the processes (in this network namespace) with a listening TCP socket on ``port``."""
+    table = _listening_inodes(Path("/proc/net"))
+    inodes = {inode for inode, (protocol, _, p) in table.items() if protocol == "tcp" and p == port}
+    return {
+        int(proc.name)
+        for proc in Path("/proc").iterdir()
+        if proc.name.isdigit() and _socket_links(int(proc.name)) & inodes
+    }
+
+
+def listening_sockets(pid: int) -> set[Socket]:
+    """Every socket through which process ``pid`` can be reached: its listening TCP sockets and bound, unconnected
+    UDP sockets, as (protocol, address, port), read in its own network namespace; empty once it has ended."""
+    table = _listening_inodes(Path(f"/proc/{pid}/net"))
+    return {table[link] for link in _socket_links(pid) if link in table}
 
 
 def describe(pid: int) -> str:

@@ -13,7 +13,7 @@ from fedsim.client.vectorized import refusal
 from fedsim.config import RunConfig
 from fedsim.diagnostics import probe_images
 from fedsim.engines.layout import choose_layout
-from fedsim.engines.ray_cluster import check_ray_address
+from fedsim.engines.ray_address import check_ray_address
 from fedsim.environment import check_working_directory, fault_of
 from fedsim.errors import ConfigError
 from fedsim.exclusive import claim_process

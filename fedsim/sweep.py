@@ -551,7 +551,7 @@ def _run_on_ray(
     use_run_env()  # for the raylet started here (its workers' niceness)
     if ray_cfg.address is None:
         check_ray_temp_dir()
-    start_ray(ray_cfg.address, runtime_env={"env_vars": dict(OFFLINE_ENV)})
+    start_ray(ray_cfg.address, "ray.address", runtime_env={"env_vars": dict(OFFLINE_ENV)})
     task = ray.remote(num_cpus=ray_cfg.cpus_per_run, num_gpus=ray_cfg.gpus_per_run)(_run_one)
     names: dict[Any, str] = {}
     pending = list(todo)

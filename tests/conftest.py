@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,6 +66,19 @@ def small_config(tmp_path: Path, **sections: Any) -> dict[str, Any]:
         else:
             cfg[key] = value
     return cfg
+
+
+def host_address() -> str:
+    """This host's address on its network, where another machine reaches it: the first address outside
+    127.0.0.0/8 among those the kernel routes to this host itself (the ``/32 host LOCAL`` entries of
+    /proc/net/fib_trie, what ``ip -4 addr`` lists). A host with none is reachable from no other, and a test
+    of what another machine sees cannot run on it: it fails."""
+    lines = Path("/proc/net/fib_trie").read_text().splitlines()
+    own = [prev.split()[-1] for prev, line in itertools.pairwise(lines) if line.strip() == "/32 host LOCAL"]
+    for address in own:
+        if not ipaddress.ip_address(address).is_loopback:
+            return address
+    pytest.fail(f"this host has no IPv4 address but loopback ({sorted(set(own))}): no other host could reach it")
 
 
 def write_config(tmp_path: Path, cfg: dict[str, Any], name: str = "cfg.yaml") -> Path:

@@ -7,14 +7,22 @@ process of the node; ``ray stop`` is not used because it kills every Ray instanc
 from __future__ import annotations
 
 import contextlib
+import functools
+import http.server
+import json
 import os
+import platform
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,13 +30,13 @@ from typing import Any
 import pytest
 import ray
 
-from fedsim.config import SimulationConfig, parse_config
+from fedsim.config import RAY_PROBE_TIMEOUT_S, SimulationConfig, parse_config
 from fedsim.engines import ray_pool
-from fedsim.engines.ray_cluster import check_ray_address
+from fedsim.engines.ray_address import check_ray_address
 from fedsim.errors import ConfigError
 from fedsim.ports import free_port, free_ports
 from fedsim.runner import OFFLINE_ENV, run
-from tests.conftest import small_config
+from tests.conftest import REPO, host_address, small_config, write_config
 from tests.test_engines import metrics_of
 
 RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]
@@ -160,6 +168,121 @@ def test_unreachable_address_fails_before_training(tmp_path: Path, engine: str) 
     assert time.monotonic() - started < 45  # a refused connection, not a Ray start or connection attempt
     assert not ray.is_initialized()
     assert not list(tmp_path.rglob("metrics.jsonl"))
+
+
+class _NoPages(http.server.BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
+        pass  # every request is answered 501, and none is worth a line in the test's output
+
+
+@contextlib.contextmanager
+def web_server(host: str) -> Iterator[int]:
+    """A plain HTTP server (it serves no page) on ``host``; its port."""
+    server = http.server.ThreadingHTTPServer((host, 0), _NoPages)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_port
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def silent_listener(host: str) -> Iterator[int]:
+    """A port on ``host`` whose connections the kernel accepts and nobody ever answers."""
+    with socket.socket() as listener:
+        listener.bind((host, 0))
+        listener.listen(16)
+        yield listener.getsockname()[1]
+
+
+@contextlib.contextmanager
+def old_ray_gcs(host: str, token: bool = False) -> Iterator[int]:
+    """A GCS on ``host`` as Ray 1.13 serves it, as far as joining asks (its cluster id, then its versions);
+    ``token``: one that refuses callers without its token, as Ray's token authentication does."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2 as pb
+    from ray.core.generated import gcs_service_pb2_grpc as rpc
+
+    metadata = {"ray_version": "1.13.0", "python_version": platform.python_version()}
+
+    class Nodes(rpc.NodeInfoGcsServiceServicer):
+        def GetClusterId(self, request, context):  # noqa: ANN001, ANN201, N802 (gRPC's names)
+            if token:  # as Ray 2.55 words it
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "InvalidAuthToken: Authentication token is missing")
+            return pb.GetClusterIdReply(cluster_id=os.urandom(28))
+
+    class Kv(rpc.InternalKVGcsServiceServicer):
+        def InternalKVGet(self, request, context):  # noqa: ANN001, ANN201, N802
+            return pb.InternalKVGetReply(value=json.dumps(metadata).encode())
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    rpc.add_NodeInfoGcsServiceServicer_to_server(Nodes(), server)
+    rpc.add_InternalKVGcsServiceServicer_to_server(Kv(), server)
+    port = server.add_insecure_port(f"{host}:0")
+    server.start()
+    try:
+        yield port
+    finally:
+        server.stop(grace=None)
+
+
+# what listens, on this host's network address (where ray.init dials a GCS: it dials its own address for
+# 127.0.0.1) unless on loopback; the address's form; and how fedsim refuses it ({at}: where it listens)
+FOREIGN = {
+    "web-server": (web_server, False, "", r"{at} answers, but not as a Ray cluster's GCS"),
+    "silent": (
+        silent_listener,
+        False,
+        "",
+        rf"{{at}} gave no answer in Ray's protocol within {RAY_PROBE_TIMEOUT_S:g} s",
+    ),
+    "old-ray": (
+        old_ray_gcs,
+        False,
+        "",
+        r"the cluster at {at} runs Ray 1\.13\.0 on Python [\d.]+, and fedsim here Ray ",
+    ),
+    "web-server-ray-client": (web_server, False, "ray://", r"{at} answers, but not as a Ray Client server"),
+    "gcs-as-ray-client": (old_ray_gcs, False, "ray://", r"{at} answers, but not as a Ray Client server"),
+    "token-wanted": (functools.partial(old_ray_gcs, token=True), False, "", r"the cluster at {at} wants a token"),
+    "web-server-on-loopback": (
+        web_server,
+        True,
+        "",
+        r"no Ray cluster answers at {at} \(Ray dials it at this host's address, [\d.]+:\d+\)",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("listener", FOREIGN)
+def test_an_address_that_is_not_a_ray_cluster_is_one_line_within_the_bound(tmp_path: Path, listener: str) -> None:
+    """``simulation.ray_address`` at something else: the check ends within its bound (timed in this process:
+    a command's start takes a minute on a busy machine), and `fedsim run`, as a user starts it, says why in one
+    line naming the field (Ray's own retries took 11 minutes and heard no Ctrl-C)."""
+    serve, on_loopback, scheme, cause = FOREIGN[listener]
+    host = "127.0.0.1" if on_loopback else host_address()
+    with serve(host) as port:
+        address = f"{scheme}{host}:{port}"
+        cfg = small_config(tmp_path, simulation={"backend": "ray", "ray_address": address})
+        started = time.monotonic()
+        with pytest.raises(ConfigError) as refused:
+            check_ray_address(parse_config(cfg))
+        took = time.monotonic() - started
+        cmd = [sys.executable, "-m", "fedsim.cli", "run", str(write_config(tmp_path, cfg))]
+        proc = subprocess.Popen(cmd, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            _, err = proc.communicate(timeout=RAY_PROBE_TIMEOUT_S + 300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(f"fedsim run still waited on {address} {RAY_PROBE_TIMEOUT_S + 300:g} s later")
+    assert took < RAY_PROBE_TIMEOUT_S + 5
+    at = re.escape(f"{host}:{port}")
+    line = rf"simulation\.ray_address = {re.escape(repr(address))}: [^\n]*{cause.format(at=at)}[^\n]*"
+    assert re.fullmatch(line, str(refused.value))
+    assert (proc.returncode, err) == (2, f"fedsim: error: {refused.value}\n")
+    assert not (tmp_path / "runs").exists()
 
 
 def test_auto_follows_ray_address_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fedsim.processes import Process, Terminated, alive, sigterm_as_interrupt, tree
-from tests.conftest import REPO, small_config, write_config
+from tests.conftest import REPO, host_address, small_config, write_config
 
 STOPPED = "fedsim: interrupted by SIGTERM"
 
@@ -143,6 +144,38 @@ def test_a_signal_while_ray_starts_is_one_line_and_leaves_nothing_running(tmp_pa
     line = f"{how}; nothing was recorded yet, and what the run wrote in {tmp_path / 'runs'}/t-[0-9-]+ is removed"
     assert proc.returncode == 128 + sig and re.fullmatch(line + "\n", err), err
     assert list((tmp_path / "runs").iterdir()) == []
+    assert_all_gone(seen)
+
+
+# simulation.ray_address at a port that accepts and never answers: Ray's retries of the connection (11 minutes)
+# ran in C++ that no signal reached, and fedsim deferred both while ray.init ran: only SIGKILL ended it
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+@pytest.mark.slow
+def test_a_signal_while_fedsim_waits_on_a_ray_address_ends_it_at_once(tmp_path: Path, sig: signal.Signals) -> None:
+    with socket.socket() as listener:  # the kernel completes each connection; nobody answers on it
+        listener.bind((host_address(), 0))  # where ray.init dials a GCS (its own address for 127.0.0.1)
+        listener.listen(16)
+        listener.settimeout(120)
+        address = "{}:{}".format(*listener.getsockname())
+        proc = start_run(tmp_path, simulation={"backend": "ray", "ray_address": address})
+        # the address's first connection (is anything there?), then the one that waits for an answer
+        connections = [listener.accept()[0] for _ in range(2)]
+        time.sleep(1)  # in the wait
+        seen = tree({proc.pid})
+        proc.send_signal(sig)
+        signalled = time.monotonic()
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(f"fedsim run still waited on the address 60 s after {sig.name}")
+        finally:
+            for conn in connections:
+                conn.close()
+    how = STOPPED if sig == signal.SIGTERM else "fedsim: interrupted"
+    assert (proc.returncode, err) == (128 + sig, how + "\n")
+    assert time.monotonic() - signalled < 15
+    assert not (tmp_path / "runs").exists()  # the address is checked before anything is written
     assert_all_gone(seen)
 
 

@@ -16,6 +16,7 @@ import tomli_w
 
 from fedsim import wire
 from fedsim.config import RunConfig
+from fedsim.names import host_port
 
 CONNECTION = "fedsim"  # the flwr CLI's name for the SuperLink connection
 SUPERNODE_RUNTIME_PORT = 9094  # Flower's default; on one host each SuperNode needs its own
@@ -94,10 +95,6 @@ class Topology:
         else:
             conn["root-certificates"] = self.tls.ca
         return tomli_w.dumps({"superlink": {"default": CONNECTION, CONNECTION: conn}})
-
-
-def host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def local_topology(cfg: RunConfig, superlink_port: int, node_ports: list[int]) -> Topology:
