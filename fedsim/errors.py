@@ -59,6 +59,20 @@ class ProtocolError(FedsimError):
     """A ServerApp or ClientApp message lacks what fedsim's protocol (docs/protocol.md) needs."""
 
 
+class LinkError(FedsimError):
+    """A symbolic or hard link where fedsim would write, truncate or delete in a directory of its own
+    (:mod:`fedsim.files`): writing through it would change a file elsewhere."""
+
+
+class WriteError(FedsimError):
+    """A file or directory fedsim could not write, make or remove (a full disk, a read-only directory):
+    ``path`` and the operating system's ``strerror``."""
+
+    def __init__(self, message: str, path: object, strerror: str) -> None:
+        super().__init__(message)
+        self.path, self.strerror = path, strerror
+
+
 class ChildExit(FedsimError):
     """A fedsim process this one ran for the same command ended with ``code`` and has said why itself."""
 

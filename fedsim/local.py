@@ -39,6 +39,7 @@ from fedsim.errors import ConfigError, DataError, FedsimError, brief
 from fedsim.evaluation import evaluate
 from fedsim.exclusive import claim_process
 from fedsim.experiment import resolve
+from fedsim.files import check_links, write_file
 from fedsim.integrity import read_torch, verify
 from fedsim.names import control_character, cut, unprintable
 from fedsim.norms.ln_variants import seed_norm_noise
@@ -50,7 +51,6 @@ from fedsim.rundir import (
     SUMMARY,
     RunDir,
     Written,
-    atomic_write,
     check_summary,
     claimed,
     read_summary,
@@ -193,6 +193,7 @@ def continue_locally(
     """
     cfg = finished_run_config(run_dir, client, steps, every, overrides)
     path = local_dir(run_dir, client, overrides)
+    check_links(Path(run_dir), [path.name], deep=False)  # local-<k> is fedsim's, in the run directory: no link
     _check_same_request(path, client, steps, every, list(overrides or []))  # before any data is read; again below
     summary = read_summary(Path(run_dir))
     # the run's config as it finished (its config.yaml edited since, a seed or the clients, would split other data)
@@ -217,7 +218,7 @@ def continue_locally(
     own = data.class_counts > 0
     # one continuation at a time per directory; the same request again replaces its metrics (the same numbers:
     # its batches are seeded), another one's are never replaced
-    with claimed(path, field="fedsim local's output directory", owner="local continuation"):
+    with claimed(path, field="fedsim local's output directory", owner="local continuation", entries=[LOCAL_JSON]):
         _check_same_request(path, client, steps, every, list(overrides or []))  # what ended while this one loaded
         out = RunDir(path)
         t = cfg.train
@@ -227,7 +228,7 @@ def continue_locally(
             weight_decay=t.weight_decay, batch_size=t.batch_size, augment=cfg.data.augment,
             overrides=list(overrides or []), model_sha256=summary.get(MODEL_CHECKSUM),
         )  # fmt: skip
-        atomic_write(out.path / LOCAL_JSON, (request.model_dump_json(indent=2) + "\n").encode())
+        write_file(out.path / LOCAL_JSON, (request.model_dump_json(indent=2) + "\n").encode())
 
         probe = _probe(runtime)
         out.append_metrics({"step": 0, "train_loss": None, **_scores(runtime, own), **probe.measure()})

@@ -17,7 +17,8 @@ import os
 import stat
 from pathlib import Path
 
-from fedsim.errors import ConfigError
+from fedsim.errors import ConfigError, WriteError
+from fedsim.files import write_file
 from fedsim.reading import KIB, read_text
 
 MARKER = ".fedsim"
@@ -99,6 +100,6 @@ def mark_own(path: Path, kind: str) -> None:
     mark = path / MARKER
     if not mark.is_file():
         try:
-            mark.write_text(kind + "\n")
-        except OSError as err:  # a read-only directory: one line, as every write fedsim makes
+            write_file(mark, f"{kind}\n".encode())
+        except WriteError as err:  # a read-only directory: one line, as every write fedsim makes
             raise ConfigError(f"cannot mark {path} as fedsim's ({MARKER}): {err.strerror}") from err

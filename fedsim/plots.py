@@ -19,6 +19,7 @@ switch and no figure registry to leak from a long-lived process.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from fedsim.errors import ConfigError, FedsimError
+from fedsim.files import write_file
 from fedsim.local import read_request
 from fedsim.records import read_run
 from fedsim.rundir import (
@@ -50,6 +52,14 @@ def _figure(width: float, height: float) -> Any:
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height), layout="constrained")
+
+
+def _save(fig: Any, path: Path) -> None:
+    """``fig`` written to ``path`` whole (:func:`fedsim.files.write_file`: never through a link), in the format
+    its suffix names."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=_DPI, format=path.suffix.removeprefix(".") or "png")
+    write_file(path, buffer.getbuffer())
 
 
 def _rounds_axis(ax: Any, log_rounds: bool = False) -> None:
@@ -159,7 +169,7 @@ def plot_accuracy(
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:  # none when no run is evaluated yet (said in the notes), not a warning
         ax.legend(fontsize=7, loc="best")
-    fig.savefig(path, dpi=_DPI)
+    _save(fig, path)
     return notes
 
 
@@ -202,7 +212,7 @@ def plot_final_vs(runs: list[dict[str, Any]], key: str, path: Path) -> int:
     ax.set_ylabel("final client-mean accuracy (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    fig.savefig(path, dpi=_DPI)
+    _save(fig, path)
     return len(lines)
 
 
@@ -240,7 +250,7 @@ def plot_label_distribution(runs: list[dict[str, Any]], path: Path) -> int:
         title = "; ".join(labels[:2]) + (f" (+{len(labels) - 2})" if len(labels) > 2 else "")
         ax.set_title(f"{title}\n{int(train.sum())} training samples, largest cell {int(train.max())}", fontsize=8)
     fig.suptitle("training samples per client and class (dot area ∝ count)", fontsize=10)
-    fig.savefig(path, dpi=_DPI)
+    _save(fig, path)
     return len(panels)
 
 
@@ -280,7 +290,7 @@ def plot_feature_spectrum(runs: list[dict[str, Any]], path: Path, log_rounds: bo
     erank.set_title("effective rank (Roy & Vetterli 2007)", fontsize=9)
     erank.grid(alpha=0.3)
     erank.legend(fontsize=7, loc="best")
-    fig.savefig(path, dpi=_DPI)
+    _save(fig, path)
     return len(found)
 
 
@@ -313,7 +323,7 @@ def plot_local(continuations: list[Path], path: Path) -> None:
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
     acc.legend(fontsize=7, loc="best")
-    fig.savefig(path, dpi=_DPI)
+    _save(fig, path)
 
 
 def _percent(value: float | None) -> float:
@@ -367,7 +377,7 @@ def write_plots(
     if over_seeds:
         seed_groups(runs)  # runs that may not be pooled are refused before --out exists
     out = Path(out)
-    make_results_dir(out, "--out")
+    make_results_dir(out, "--out", [ACCURACY, LABELS, SPECTRUM, LOCAL])
     written: list[Path] = []
     notes: list[str] = []
     if runs:

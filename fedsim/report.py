@@ -16,19 +16,10 @@ from typing import Any
 import numpy as np
 
 from fedsim.errors import FedsimError
+from fedsim.files import write_file
 from fedsim.plots import plot_accuracy, plot_final_vs
 from fedsim.records import read_run
-from fedsim.rundir import (
-    SUMMARY,
-    atomic_write,
-    make_results_dir,
-    run_dirs,
-    runs_root,
-    seed_groups,
-    short_keys,
-    unwritten,
-    varying_keys,
-)
+from fedsim.rundir import SUMMARY, make_results_dir, run_dirs, runs_root, seed_groups, short_keys, varying_keys
 
 
 def load_runs(root: Path) -> list[dict[str, Any]]:
@@ -99,19 +90,16 @@ def write_report(root: str | Path, target: float = 0.5, vs: str | None = None, o
                           "e.g. partition.beta")  # fmt: skip
     header, rows = table(runs, target)  # runs that may not be pooled (seed_groups) are refused before --out exists
     out = Path(root if out is None else out)
-    make_results_dir(out, "--out")  # before any file: a read-only or someone else's directory
+    vs_figure = [f"final_vs_{vs.split('.')[-1]}.png"] if vs is not None else []
+    # before any file: a read-only or someone else's directory, a link where a file goes
+    make_results_dir(out, "--out", ["results.csv", "results.md", "accuracy.png", *vs_figure])
     text = io.StringIO()
     csv.writer(text).writerows([header, *rows])
-    atomic_write(out / "results.csv", text.getvalue().encode())
+    write_file(out / "results.csv", text.getvalue().encode())
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(row) + " |" for row in rows]
-    atomic_write(out / "results.md", ("\n".join(md) + "\n").encode())
-    figure = out / "accuracy.png"
-    try:
-        plot_accuracy(runs, figure, over_seeds=True)
-        if vs is not None:
-            figure = out / f"final_vs_{vs.split('.')[-1]}.png"
-            plot_final_vs(runs, vs, figure)
-    except OSError as err:
-        raise unwritten(figure, err) from err
+    write_file(out / "results.md", ("\n".join(md) + "\n").encode())
+    plot_accuracy(runs, out / "accuracy.png", over_seeds=True)
+    if vs is not None:
+        plot_final_vs(runs, vs, out / vs_figure[0])
     return out / "results.md"

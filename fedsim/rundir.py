@@ -3,14 +3,16 @@
 Layout: ``config.yaml`` (resolved), ``partition.csv`` (clients x classes, train and test),
 ``metrics.jsonl`` (one line per evaluation, flushed as written), ``summary.json``, ``model.pt``,
 and ``tb/`` TensorBoard events when asked for; with ``output.checkpoint_every``, ``checkpoint.pt`` and
-``client_state/`` (:mod:`fedsim.server.checkpoint`, :mod:`fedsim.client.state`). Whole files are
-written to a temp file and renamed.
+``client_state/`` (:mod:`fedsim.server.checkpoint`, :mod:`fedsim.client.state`). Every file is written
+through :mod:`fedsim.files`: whole files to a temp file and renamed, never through a link.
 
 One live run owns a run directory (:func:`claimed`): an exclusive lock that the operating system
 releases when its process ends, however it ends, so a lock is never stale. A fresh run refuses a
 directory that is not fedsim's (:mod:`fedsim.ownership`), one that holds a finished run or one it could
-resume, and clears the leftovers of a run that was killed with nothing to resume. A write that fails (a
-full disk) is one error naming the file; it leaves no temp file, and what was written before it stays.
+resume, and clears the leftovers of a run that was killed with nothing to resume; a link in it (to a file
+or a directory elsewhere) stops the command before anything is written (:func:`fedsim.files.check_links`).
+A write that fails (a full disk) is one error naming the file; it leaves no temp file, and what was written
+before it stays.
 What the run writes carries checksums of the rest: progress.json, each round, of the config, the partition and
 the metrics lines so far (:class:`MetricsChecksum`); summary.json of the same, the model, and itself
 (:func:`summary_checksum`).
@@ -30,7 +32,6 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import tempfile
 import time
 import warnings
@@ -49,6 +50,7 @@ from pydantic_core import PydanticCustomError, from_json
 from fedsim.config import RunConfig, read_yaml
 from fedsim.data.fingerprint import DATA_FINGERPRINT
 from fedsim.errors import DataError, FedsimError, FedsimWarning
+from fedsim.files import append_file, check_links, open_file, remove, write_file
 from fedsim.integrity import digest
 from fedsim.ownership import MARKER, RESULTS, RESULTS_BESIDE, check_own, mark_own, unusable
 from fedsim.reading import SUMMARY_BYTES, read_json, read_json_lines, read_text
@@ -77,6 +79,8 @@ RUN_DIRS = ("tb", CLIENT_STATE, "deploy")
 # What a fresh run writes before it records anything (a metrics line, a checkpoint): a run directory holding
 # nothing else when its run fails is taken back (claimed)
 BEFORE_RECORDS = ("config.yaml", "partition.csv", PROGRESS, "tb", LOCK, MARKER)
+# What fedsim writes in a run directory itself (a tracker's library writes its own, wandb/ its own links)
+RUN_ENTRIES = (LOCK, MARKER, *RUN_FILES, *RUN_DIRS)
 # The files of a run's record: a directory holding any of them is a run directory to read back, whole
 RECORD_FILES = ("config.yaml", "partition.csv", "metrics.jsonl", SUMMARY, CHECKPOINT, PROGRESS)
 LOCAL_JSON = "local.json"  # what `fedsim local` ran, in RUN_DIR/local-<k>/ (fedsim.local)
@@ -89,35 +93,13 @@ def default_run_dir(cfg: RunConfig) -> Path:
     return Path(cfg.output.dir) / f"{cfg.name}-{stamp}"
 
 
-def temp_name(path: Path) -> Path:
-    """A temp file beside ``path`` that no other process writes (renamed over ``path`` when complete)."""
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
-
-
-def unwritten(path: Path, err: OSError) -> FedsimError:
-    """The error for a write of ``path`` that failed (a full disk, a read-only directory)."""
-    return FedsimError(f"cannot write {path}: {err.strerror or err}; what was written before it is kept")
-
-
-def atomic_write(path: Path, data: bytes | memoryview) -> None:
-    """``path`` replaced by ``data`` whole, or left as it was: a write that fails (a full disk) leaves no temp
-    file and is one error naming ``path``."""
-    tmp = temp_name(path)
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError as err:
-        raise unwritten(path, err) from err
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def torch_write(path: Path, value: Any) -> None:
-    """``torch.save(value)`` into ``path`` by :func:`atomic_write`: serialised in memory first, since torch's
-    own writer turns a full disk into a RuntimeError at an arbitrary place in the file."""
+def torch_write(path: Path, value: Any, fsync: bool = False) -> None:
+    """``torch.save(value)`` into ``path`` by :func:`fedsim.files.write_file` (``fsync``: synced before it is
+    renamed, as checkpoints are): serialised in memory first, since torch's own writer turns a full disk into a
+    RuntimeError at an arbitrary place in the file."""
     buffer = io.BytesIO()
     torch.save(value, buffer)
-    atomic_write(path, buffer.getbuffer())
+    write_file(path, buffer.getbuffer(), fsync=fsync)
 
 
 def check_fresh(path: Path, field: str = "output.run_dir", kind: str = "run") -> None:
@@ -149,11 +131,13 @@ def make_dir(path: Path, field: str = "output.run_dir") -> None:
         raise FedsimError(f"{field}: cannot create anything in {path}: {err.strerror}") from err
 
 
-def make_results_dir(path: Path, field: str) -> None:
-    """``path`` as a directory for ``fedsim report``'s and ``fedsim plot``'s files, which replace their own there:
-    a new one or fedsim's (:func:`fedsim.ownership.check_own`), else an error naming ``field`` (the option
-    that chooses another)."""
+def make_results_dir(path: Path, field: str, names: Iterable[str]) -> None:
+    """``path`` as a directory for ``fedsim report``'s and ``fedsim plot``'s files (``names``), which replace
+    their own there: a new one or fedsim's (:func:`fedsim.ownership.check_own`), else an error naming ``field``
+    (the option that chooses another); one of those files that is a link there is refused before any is
+    written (:func:`fedsim.files.check_links`)."""
     check_own(path, RESULTS, field, RESULTS_BESIDE)
+    check_links(path, [MARKER, *names])
     make_dir(path, field)
     mark_own(path, RESULTS)
 
@@ -177,23 +161,38 @@ def resolved(path: Path, field: str) -> Path:
         raise (unusable(path, field) or FedsimError(f"{field}: {path}: {err}")) from err
 
 
+def check_run_links(path: Path, entries: Iterable[str] = ()) -> None:
+    """Refuse a link among what fedsim writes in the run directory ``path`` (:data:`RUN_ENTRIES`, and
+    ``entries`` of another kind of directory of fedsim's), or below those that are directories: before it
+    writes there, so that the link stops it before anything is written (:func:`fedsim.files.check_links`)."""
+    check_links(path, [*RUN_ENTRIES, *entries])
+
+
 @contextmanager
 def claimed(
-    path: Path, resume: bool = False, field: str = "output.run_dir", owner: str = "run", made: bool = False
+    path: Path,
+    resume: bool = False,
+    field: str = "output.run_dir",
+    owner: str = "run",
+    made: bool = False,
+    entries: Iterable[str] = (),
 ) -> Iterator[None]:
     """Own ``path`` for one ``owner`` (a run, a sweep) while the block runs: a fresh run (``resume`` false)
     also clears the leftovers of a killed run there, a resumed one the stopped server's ``progress.json`` and
     ``error.txt``; a directory another live one owns is an error naming its pid. ``field``: the config field
     or argument that named ``path``, for messages. Only a directory that is fedsim's ``owner`` is claimed
     (:mod:`fedsim.ownership`), and marked so; except a run resumed, whose checkpoint (checksummed,
-    :mod:`fedsim.integrity`) shows it is fedsim's, marked or not. A fresh run that fails before it records
-    anything takes back what it wrote (:func:`take_back`); the directory too if the run made it (``made``: by
-    its caller, or here)."""
+    :mod:`fedsim.integrity`) shows it is fedsim's, marked or not. A link among what fedsim writes there
+    (:func:`check_run_links`, with the ``entries`` of another ``owner``) is refused before anything is written
+    (``path`` itself, the user's, is followed once). A fresh run that fails before it records anything takes
+    back what it wrote (:func:`take_back`); the directory too if the run made it (``made``: by its caller, or
+    here)."""
     path = resolved(path, field)
     if not resume:
         check_fresh(path, field, owner)
     elif owner != "run":
         check_own(path, owner, field)
+    check_run_links(path, entries)
     made = made or not path.exists()
     make_dir(path, field)
     marked = (path / MARKER).is_file()
@@ -202,7 +201,7 @@ def claimed(
     if os.environ.get(HELD_ENV) == str(path):  # the launcher that started this process owns it for us
         yield
         return
-    fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_file(path / LOCK, os.O_RDWR | os.O_CREAT)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -216,13 +215,11 @@ def claimed(
         os.pwrite(fd, f"pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
         if not resume:
             check_fresh(path, field, owner)  # again, now that nobody else can write here
-            for name in RUN_FILES:
-                (path / name).unlink(missing_ok=True)
-            for name in RUN_DIRS:
-                shutil.rmtree(path / name, ignore_errors=True)
+            for name in (*RUN_FILES, *RUN_DIRS):
+                remove(path / name)
         else:  # not this run's: a launcher that polls them would show the old round, or stop at the old error
             for name in (PROGRESS, ERROR):
-                (path / name).unlink(missing_ok=True)
+                remove(path / name)
         try:
             yield
         except BaseException:
@@ -248,14 +245,12 @@ def take_back(run_dir: Path, marked: bool, made: bool) -> None:
         if not records_nothing(run_dir):
             return
         with os.scandir(run_dir) as entries:
-            for entry in [e for e in entries if not (marked and e.name == MARKER)]:
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path)
-                else:
-                    os.unlink(entry.path)
+            names = [e.name for e in entries if not (marked and e.name == MARKER)]
+        for name in names:
+            remove(run_dir / name, run_dir)
         if made:
             run_dir.rmdir()  # fails if another run has claimed it since: it stays, theirs
-    except OSError:
+    except (OSError, FedsimError):  # a removal refused or failed: the run's own error is the one reported
         return
 
 
@@ -297,7 +292,7 @@ class RunDir:
 
     def write_config(self, cfg: RunConfig) -> None:
         tree = config_tree(cfg)
-        atomic_write(self.path / "config.yaml", yaml.safe_dump(tree, sort_keys=False).encode())
+        write_file(self.path / "config.yaml", yaml.safe_dump(tree, sort_keys=False).encode())
         self.config_sha256 = config_checksum(tree)  # what progress.json ties the rounds so far to
         if self.trackers is not None:
             self.trackers.log_config(flatten(tree))
@@ -308,7 +303,7 @@ class RunDir:
         for split, counts in (("train", train_counts), ("test", test_counts)):
             for cid, row in enumerate(counts):
                 lines.append(f"{split},{cid}," + ",".join(str(int(v)) for v in row) + f",{int(row.sum())}")
-        atomic_write(self.path / "partition.csv", ("\n".join(lines) + "\n").encode())
+        write_file(self.path / "partition.csv", ("\n".join(lines) + "\n").encode())
         self.partition_sha256 = partition_checksum(classes, {"train": train_counts, "test": test_counts})
 
     def restore_metrics(self, records: list[dict[str, Any]]) -> None:
@@ -316,26 +311,14 @@ class RunDir:
         progress.json covers them (the resume removed the killed run's, :func:`claimed`, and until then its
         checkpoint vouches for the lines: :func:`fedsim.records.check_against_checkpoint`)."""
         lines = [_metrics_line(r) for r in records]
-        atomic_write(self.path / "metrics.jsonl", b"".join(lines))
+        write_file(self.path / "metrics.jsonl", b"".join(lines))
         self.metrics_checksum = MetricsChecksum(from_json(line) for line in lines)
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         """One line more, on disk before it counts in the metrics checksum progress.json and summary.json record."""
         record = json_safe(record)
-        path = self.path / "metrics.jsonl"
         data = _metrics_line(record)
-        line = memoryview(data)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        end = os.lseek(fd, 0, os.SEEK_END)
-        try:
-            while line:
-                line = line[os.write(fd, line) :]
-            os.fsync(fd)
-        except OSError as err:  # no half line: the lines before it stay readable
-            os.ftruncate(fd, end)
-            raise unwritten(path, err) from err
-        finally:
-            os.close(fd)
+        append_file(self.path / "metrics.jsonl", data)  # no half line: the lines before it stay readable
         self.metrics_checksum.add(from_json(data))
         if self.trackers is not None:
             self.trackers.log_metrics(record)
@@ -354,7 +337,7 @@ class RunDir:
         checksums of the config it runs (:meth:`write_config`) and of the metrics lines so far: an unfinished
         run's config.yaml and metrics.jsonl are checked by them."""
         progress = json_safe({"round": server_round, "loss": loss, "acc": acc, **self._checksums()})
-        atomic_write(self.path / PROGRESS, json.dumps(progress, allow_nan=False).encode())
+        write_file(self.path / PROGRESS, json.dumps(progress, allow_nan=False).encode())
 
     def _checksums(self) -> dict[str, Any]:
         """What progress.json and summary.json record of the run's files so far: config, partition, metrics."""
@@ -363,14 +346,14 @@ class RunDir:
 
     def write_error(self, message: str) -> None:
         """Why the run stopped, for a launcher that cannot see the ServerApp's exception."""
-        atomic_write(self.path / ERROR, message.encode())
+        write_file(self.path / ERROR, message.encode())
 
     def write_summary(self, summary: dict[str, Any]) -> dict[str, Any]:
         """Write ``summary.json`` with the checksums of the run's config, partition and metrics lines, and its own;
         returns it as written."""
         summary = json_safe({**summary, **self._checksums()})
         summary[SUMMARY_CHECKSUM] = summary_checksum(summary)
-        atomic_write(self.path / SUMMARY, (json.dumps(summary, indent=2, allow_nan=False) + "\n").encode())
+        write_file(self.path / SUMMARY, (json.dumps(summary, indent=2, allow_nan=False) + "\n").encode())
         return summary
 
     def close(self) -> None:

@@ -73,11 +73,12 @@ from fedsim.environment import check_ray_temp_dir, check_working_directory
 from fedsim.errors import ERROR_FILE_ENV, ConfigError, FedsimError, TrainingError, brief
 from fedsim.exclusive import claim_process
 from fedsim.experiment import resolve
+from fedsim.files import check_links, remove, write_file
 from fedsim.names import NAME_RULE, cut, is_name, printable
 from fedsim.ownership import check_not_in_a_run
 from fedsim.processes import die_with_parent, signals_ignored, sigterm_as_interrupt, stop_tree
 from fedsim.reading import SUMMARY_BYTES, read_text
-from fedsim.rundir import CHECKPOINT, NOT_LEARNING, SUMMARY, atomic_write, claimed, flatten, make_dir, read_summary
+from fedsim.rundir import CHECKPOINT, NOT_LEARNING, SUMMARY, check_run_links, claimed, flatten, read_summary
 from fedsim.trackers import resolve_trackers
 
 MAX_CELLS = 1_000  # each cell's config is built and validated before the first run (~2.5 ms and ~20 kB each)
@@ -430,9 +431,13 @@ def finished(cfg: RunConfig) -> bool:
 
 
 @contextmanager
-def claimed_sweep(out: Path) -> Iterator[None]:
-    """One ``fedsim sweep`` at a time in a sweep directory (its runs each own their own directory too)."""
-    with claimed(out, resume=True, field="sweep directory", owner="sweep"):  # reused by design: nothing cleared
+def claimed_sweep(out: Path, cells: list[str]) -> Iterator[None]:
+    """One ``fedsim sweep`` at a time in a sweep directory (its runs each own their own directory too). A cell
+    that is a link, or a link in a cell, stops the sweep before any cell runs (:func:`fedsim.rundir.claimed`)."""
+    check_links(out, cells, deep=False)
+    for cell in cells:
+        check_run_links(out / cell)
+    with claimed(out, resume=True, field="sweep directory", owner="sweep", entries=[FAILED]):  # nothing cleared
         yield
 
 
@@ -626,11 +631,10 @@ def run_sweep(
     def failed(name: str, why: str) -> None:
         failures[name] = why
         log(f"  {name}: failed: {why}")
-        atomic_write(out / FAILED, json.dumps(failures, indent=1).encode())  # now: a Ctrl-C may come next
+        write_file(out / FAILED, json.dumps(failures, indent=1).encode())  # now: a Ctrl-C may come next
 
-    make_dir(out, "the sweep's output (--output or output: in the file)")
-    with claimed_sweep(out), sigterm_as_interrupt():
-        (out / FAILED).unlink(missing_ok=True)  # the last sweep's: its failed cells run again now
+    with claimed_sweep(out, [name for name, _ in runs]), sigterm_as_interrupt():
+        remove(out / FAILED)  # the last sweep's: its failed cells run again now
         if sweep.ray is not None:
             _run_on_ray(sweep.ray, todo, workers, done, failed)
         elif workers == 1:

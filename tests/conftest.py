@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import itertools
 import os
@@ -79,6 +80,20 @@ def host_address() -> str:
         if not ipaddress.ip_address(address).is_loopback:
             return address
     pytest.fail(f"this host has no IPv4 address but loopback ({sorted(set(own))}): no other host could reach it")
+
+
+def disk_full_at(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """The disk fills while fedsim writes the file ``name``: its temp file (fedsim.files: ``.<name>.<...>.tmp``)
+    gets half of what is written into it, then the write fails as on a full disk."""
+    real_write = os.write
+
+    def write(fd: int, data: bytes) -> int:
+        if Path(os.readlink(f"/proc/self/fd/{fd}")).name.startswith(f".{name}."):
+            real_write(fd, bytes(data)[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
 
 
 def write_config(tmp_path: Path, cfg: dict[str, Any], name: str = "cfg.yaml") -> Path:

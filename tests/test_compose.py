@@ -18,7 +18,7 @@ from fedsim.cli import main
 from fedsim.config import load_config
 from fedsim.deploy.compose import compose_topology
 from fedsim.errors import ConfigError
-from tests.conftest import CIFAR_Q75, MNIST_SMALL, REPO
+from tests.conftest import CIFAR_Q75, MNIST_SMALL, REPO, disk_full_at
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 CIFAR = REPO / "configs" / "cifar10_1class_fedavg.yaml"
@@ -377,17 +377,7 @@ def test_compose_bounds_its_supernodes_and_their_ports(
 def test_a_project_that_cannot_be_written_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import errno
-    import os
-
-    real_write_text = Path.write_text
-
-    def disk_fills(self: Path, text: str, *args: object, **kwargs: object) -> int:
-        if self.name == "compose.yaml":
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
-        return real_write_text(self, text, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "write_text", disk_fills)
+    disk_full_at(monkeypatch, "compose.yaml")
     out = tmp_path / "p"
     assert main(["compose", str(QUICKSTART), "--out", str(out)]) == 2
     assert capsys.readouterr().err == (

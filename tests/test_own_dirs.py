@@ -14,7 +14,7 @@ import pytest
 from fedsim.cli import main
 from fedsim.errors import FedsimError
 from fedsim.rundir import RunDir
-from tests.conftest import small_config, write_config
+from tests.conftest import disk_full_at, small_config, write_config
 
 USERS = {"config.yaml": "my own config\n", "metrics.jsonl": "my own metrics\n", "model.pt": "my own model\n"}
 
@@ -82,15 +82,7 @@ def test_paths_fedsim_cannot_use_are_one_line_naming_the_part_at_fault(
 def test_a_full_disk_is_one_line_leaving_no_temp_file_and_keeping_what_was_written(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, full_at: str
 ) -> None:
-    real_write_bytes = Path.write_bytes
-
-    def disk_fills(self: Path, data: bytes) -> int:
-        if self.name.startswith(f".{full_at}."):  # its temp file: half of it on disk, then the disk is full
-            real_write_bytes(self, bytes(data)[: len(data) // 2])
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_write_bytes(self, data)
-
-    monkeypatch.setattr(Path, "write_bytes", disk_fills)
+    disk_full_at(monkeypatch, full_at)
     run_dir = tmp_path / "r"
     code, err = run_with(tmp_path, capsys, run_dir=str(run_dir))
     assert code == 2 and err == (

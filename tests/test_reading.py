@@ -4,9 +4,7 @@ MemoryError. In process, through the CLI's own entry point; nothing here trains.
 
 from __future__ import annotations
 
-import builtins
 import errno
-import io
 import json
 import os
 import threading
@@ -320,25 +318,25 @@ def test_report_names_the_runs_it_leaves_out(tmp_path: Path, capsys: pytest.Capt
 def test_report_into_a_directory_it_cannot_write_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A read-only directory (as root, chmod does not stop a write: the refusal is simulated at open)."""
+    """A read-only directory (as root, chmod does not stop a write: the refusal is simulated at open, where
+    fedsim.files makes a file in the directory it opened)."""
     finished_run(tmp_path)
-    real_open = io.open
+    real_open = os.open
 
-    def read_only(file: object, mode: str = "r", *args: object, **kwargs: object) -> object:
-        if any(c in mode for c in "wax+") and Path(str(file)).parent == tmp_path:
-            raise PermissionError(errno.EACCES, "Permission denied", str(file))
-        return real_open(file, mode, *args, **kwargs)
+    def read_only(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        where = Path(os.readlink(f"/proc/self/fd/{dir_fd}")) if dir_fd is not None else Path(path).parent
+        if flags & os.O_CREAT and where == tmp_path:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
 
-    monkeypatch.setattr(io, "open", read_only)
-    monkeypatch.setattr(builtins, "open", read_only)
+    monkeypatch.setattr(os, "open", read_only)
     assert one_line(["report", str(tmp_path)], capsys) == (
         f"cannot mark {tmp_path} as fedsim's (.fedsim): Permission denied"
     )  # a folder of runs becomes a directory of fedsim's results: marked first
     assert not [p.name for p in tmp_path.iterdir() if p.name != "r"]  # no results, no temp file
     monkeypatch.undo()
     (tmp_path / ".fedsim").write_text("results\n")
-    monkeypatch.setattr(io, "open", read_only)
-    monkeypatch.setattr(builtins, "open", read_only)
+    monkeypatch.setattr(os, "open", read_only)
     assert one_line(["report", str(tmp_path)], capsys) == (
         f"cannot write {tmp_path / 'results.csv'}: Permission denied; what was written before it is kept"
     )

@@ -14,7 +14,6 @@ share the run directory; the run key keeps runs apart there.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from flwr.common.serde import ProtoRecordDict, recorddict_from_proto, recorddict
 
 from fedsim import wire
 from fedsim.errors import FedsimError
+from fedsim.files import remove, write_file
 from fedsim.reading import GIB, read_bytes
 
 STATE_BYTES = 2 * GIB  # protobuf's own bound on one message: no state file fedsim wrote is larger
@@ -37,12 +37,17 @@ def decode(data: bytes) -> RecordDict:
     return recorddict_from_proto(ProtoRecordDict.FromString(data))
 
 
-def state_dir(config: ConfigRecord, context: Context) -> Path:
-    """This node's state directory for the run the message belongs to."""
+def state_dir(config: ConfigRecord, context: Context) -> tuple[Path, Path]:
+    """The directory the user gave for this node's state (the node config's ``state-dir``, else the run
+    directory, whose ``client_state/`` the message names), and this node's state directory below it for the
+    run the message belongs to: fedsim's, never written through a link (:mod:`fedsim.files`)."""
     pid = wire.node_partition(context)
     base = context.node_config.get(wire.STATE_DIR)
-    root = Path(str(base)) / str(config[wire.RUN_KEY]) if base else Path(str(config[wire.STATE_DIR]))
-    return root / f"partition-{pid}"
+    if base:
+        root = Path(str(base))
+        return root, root / str(config[wire.RUN_KEY]) / f"partition-{pid}"
+    states = Path(str(config[wire.STATE_DIR]))
+    return states.parent, states / f"partition-{pid}"
 
 
 def _saved_rounds(directory: Path) -> list[int]:
@@ -51,21 +56,22 @@ def _saved_rounds(directory: Path) -> list[int]:
     return sorted(int(p.stem.removeprefix("round-")) for p in directory.glob("round-*.bin"))
 
 
-def save_client_state(state: RecordDict, directory: Path, server_round: int, keep: int) -> str:
+def save_client_state(
+    state: RecordDict, directory: Path, server_round: int, keep: int, root: Path | None = None
+) -> str:
     """Write ``state`` as of ``server_round``; keep only it and the file the checkpoint of ``keep`` needs.
-    The SHA-256 of the file written, "" if none (an empty state is not written)."""
+    The SHA-256 of the file written, "" if none (an empty state is not written). ``root``: the user's directory
+    that ``directory`` is made under (:func:`state_dir`; default: the one above it)."""
     if not len(state):  # never trained: a resumed node starts empty anyway
         return ""
-    directory.mkdir(parents=True, exist_ok=True)
+    root = root or directory.parent
     data = encode(state)
-    tmp = directory / f".round-{server_round}.bin.{os.getpid()}.tmp"
-    tmp.write_bytes(data)
-    os.replace(tmp, directory / f"round-{server_round}.bin")
+    write_file(directory / f"round-{server_round}.bin", data, root)
     older = [r for r in _saved_rounds(directory) if r <= keep]
     needed = {server_round, max(older)} if older else {server_round}
     for r in _saved_rounds(directory):
         if r not in needed:
-            (directory / f"round-{r}.bin").unlink(missing_ok=True)
+            remove(directory / f"round-{r}.bin", root)
     return hashlib.sha256(data).hexdigest()
 
 
@@ -91,9 +97,9 @@ def state_query(msg: Message, context: Context) -> ConfigRecord:
     """What the ClientApp does for SAVE_STATE and LOAD_STATE messages; the answer's ConfigRecord says which
     file (its round and SHA-256) the node wrote or read, for the server to record or check."""
     config = msg.content.config_records[wire.CONFIG]
-    directory, server_round = state_dir(config, context), int(config[wire.STATE_ROUND])
+    (root, directory), server_round = state_dir(config, context), int(config[wire.STATE_ROUND])
     if msg.metadata.message_type == wire.SAVE_STATE:
-        sha256 = save_client_state(context.state, directory, server_round, int(config[wire.STATE_KEEP]))
+        sha256 = save_client_state(context.state, directory, server_round, int(config[wire.STATE_KEEP]), root)
         return ConfigRecord({wire.STATE_SHA256: sha256})
     loaded = load_client_state(directory, server_round)
     context.state.clear()

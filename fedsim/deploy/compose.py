@@ -23,7 +23,6 @@ import copy
 import math
 import os
 import re
-import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,20 +30,24 @@ from typing import Any
 import yaml
 
 from fedsim.config import RunConfig, parse_config
-from fedsim.deploy.keys import make_node_keys, make_tls, write_secret
+from fedsim.deploy.keys import SECRET, make_node_keys, make_tls
 from fedsim.deploy.topology import RUNTIME_ENV, SUPERNODE_RUNTIME_PORT, TlsFiles, Topology, write_app
-from fedsim.errors import ConfigError, FedsimError
+from fedsim.errors import ConfigError, FedsimError, WriteError
 from fedsim.experiment import resolve
+from fedsim.files import check_links, make_dirs, remove, write_file
 from fedsim.names import check_host
-from fedsim.ownership import check_own, mark_own
+from fedsim.ownership import MARKER, check_own, mark_own
 from fedsim.paths import PACKAGE_PREFIX
-from fedsim.reading import MIB, check_file, read_bytes
+from fedsim.reading import MIB, read_bytes
 from fedsim.runner import OFFLINE_ENV
 
 DEFAULT_PORT = 9093
 DATA, RUNS, PROJECT, TLS, KEYS, STATE = "/data", "/runs", "/fedsim", "/certs", "/keys", "/state"  # in containers
 IMAGE = "fedsim:latest"
 PROJECT_KIND = "compose project"  # what fedsim's mark says a project directory is
+# what fedsim compose writes in a project, whole; and the directories it makes for the containers' bind mounts
+WRITTEN = (MARKER, "app", "run-config.toml", "flwr", "tls", "node-keys", ".env", "compose.yaml")
+MOUNTS = ("runs", "state")
 # One container per SuperNode, all on the project's network: a Linux bridge joins at most 1,024 (BR_MAX_PORTS,
 # Docker's 1,023 containers per bridge network); every SuperNode's Runtime API port (9094 + its partition
 # id) stays below 65,536 with room to spare. More clients than this: fedsim run.
@@ -248,12 +251,16 @@ def write_compose(
     check_mounts(cfg, out)
     topo = compose_topology(cfg, superlink_host)
     check_own(out, PROJECT_KIND, "--out")
+    check_links(out, WRITTEN)  # a link where the project's files go: refused before any is written
+    check_links(out, MOUNTS, deep=False)  # what is in them is the containers'
+    check_links(out / "state", deep=False)
     try:
         return _write_project(cfg, out, topo, superlink_host, node_memory, tls_hosts or [])
-    except OSError as err:  # a full disk, a directory made read-only meanwhile
+    except (OSError, WriteError) as err:  # a full disk, a directory made read-only meanwhile
+        path = err.path if isinstance(err, WriteError) else err.filename or out
         raise FedsimError(
-            f"--out {out}: cannot write {err.filename or out} ({err.strerror}); the project is incomplete: run "
-            "fedsim compose again once it can be written"
+            f"--out {out}: cannot write {path} ({err.strerror}); the project is incomplete: run fedsim compose "
+            "again once it can be written"
         ) from err
 
 
@@ -266,27 +273,25 @@ def _write_project(
     write_app(out, container_config(cfg), topo)
     given = cfg.deploy.certificates
     if given is not None:  # the user's own PEM files, under the names the services expect
-        (out / "tls").mkdir(exist_ok=True)
         for field, pem, name in (("ca", given.ca, "ca.pem"), ("cert", given.cert, "superlink.pem")):
-            check_file(pem, f"deploy.certificates.{field}", MIB)  # copyfile would wait on a FIFO
-            shutil.copyfile(pem, out / "tls" / name)
+            write_file(out / "tls" / name, read_bytes(pem, f"deploy.certificates.{field}", MIB), out)
         key = read_bytes(given.key, "deploy.certificates.key", MIB)
-        write_secret(out / "tls" / "superlink.key", key)  # owner-only, as the original
+        write_file(out / "tls" / "superlink.key", key, mode=SECRET)  # owner-only, as the original
     elif cfg.deploy.tls:  # made afresh: the names and the node count may have changed
         # 127.0.0.1: the SuperLink's own SuperExec reaches it there, whatever deploy.address is (0.0.0.0 across hosts)
         names = [superlink_host, "superlink", "localhost", "127.0.0.1", cfg.deploy.address, *tls_hosts]
         make_tls(out / "tls", names)
     if cfg.deploy.supernode_auth:
-        shutil.rmtree(out / "node-keys", ignore_errors=True)
+        remove(out / "node-keys")
         make_node_keys(out / "node-keys", cfg.train.num_clients)
     # made here, by the host user: a directory the engine had to make for a bind mount would be root's
     nodes_state = {f"supernode-{pid}" for pid in range(n)}
     for mount in ("runs", "state/superlink", *(f"state/{name}" for name in sorted(nodes_state))):
-        (out / mount).mkdir(parents=True, exist_ok=True)
+        make_dirs(out / mount, out)
     for stale in (out / "state").glob("supernode-*"):  # of a SuperNode this project no longer has
         if stale.is_dir() and stale.name not in nodes_state:
-            shutil.rmtree(stale)
-    (out / ".env").write_text(env_file(cfg))
+            remove(stale)
+    write_file(out / ".env", env_file(cfg).encode())
     path = out / "compose.yaml"
     header = (
         f"# Generated by `fedsim compose` for {cfg.train.num_clients} SuperNodes; see docs/deployment.md.\n"
@@ -294,5 +299,5 @@ def _write_project(
         "#   the fedsim:latest image: docker build -f docker/Dockerfile -t fedsim:latest .\n"
     )
     project = escape_dollars(compose_project(cfg, topo, node_memory))
-    path.write_text(header + yaml.safe_dump(project, sort_keys=False, width=120))
+    write_file(path, (header + yaml.safe_dump(project, sort_keys=False, width=120)).encode())
     return path

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 from pathlib import Path
 
 from cryptography import x509
@@ -14,6 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from fedsim.deploy.topology import TlsFiles
+from fedsim.files import make_dirs, write_file
 
 VALID_DAYS = 365
 CA_USAGE = x509.KeyUsage(
@@ -26,17 +26,12 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def write_secret(path: Path, data: bytes) -> None:
-    """Readable by the owner only from the start (not chmod after writing)."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+SECRET = 0o600  # a private key's mode: readable by the owner only from the start (not chmod after writing)
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     pkcs8 = serialization.PrivateFormat.PKCS8
-    write_secret(path, key.private_bytes(serialization.Encoding.PEM, pkcs8, serialization.NoEncryption()))
+    write_file(path, key.private_bytes(serialization.Encoding.PEM, pkcs8, serialization.NoEncryption()), mode=SECRET)
 
 
 def _san(host: str) -> x509.GeneralName:
@@ -47,8 +42,9 @@ def _san(host: str) -> x509.GeneralName:
 
 
 def make_tls(directory: Path, hosts: list[str]) -> TlsFiles:
-    """A fresh CA and a SuperLink certificate valid for every name in ``hosts`` (its SANs)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """A fresh CA and a SuperLink certificate valid for every name in ``hosts`` (its SANs), in ``directory``
+    (made in the directory of fedsim's above it, never through a link: :mod:`fedsim.files`)."""
+    make_dirs(directory, directory.parent)
     now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca = (
@@ -82,24 +78,25 @@ def make_tls(directory: Path, hosts: list[str]) -> TlsFiles:
     )
     files = TlsFiles(ca=str(directory / "ca.pem"), cert=str(directory / "superlink.pem"),
                      key=str(directory / "superlink.key"))  # fmt: skip
-    Path(files.ca).write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    Path(files.cert).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    write_file(Path(files.ca), ca.public_bytes(serialization.Encoding.PEM))
+    write_file(Path(files.cert), cert.public_bytes(serialization.Encoding.PEM))
     _write_key(Path(files.key), key)
     return files
 
 
 def make_node_keys(directory: Path, num_nodes: int) -> list[tuple[Path, Path]]:
-    """One P-384 key pair per SuperNode: (private key, public key) paths."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """One P-384 key pair per SuperNode: (private key, public key) paths, in ``directory`` (made as
+    :func:`make_tls` makes its own)."""
+    make_dirs(directory, directory.parent)
     pairs = []
     for pid in range(num_nodes):
         key = ec.generate_private_key(ec.SECP384R1())
         private, public = directory / f"supernode-{pid}.key", directory / f"supernode-{pid}.pub"
         # OpenSSH formats, as `ssh-keygen -t ecdsa -b 384` writes them: what Flower reads
         openssh = serialization.PrivateFormat.OpenSSH
-        write_secret(private, key.private_bytes(serialization.Encoding.PEM, openssh, serialization.NoEncryption()))
-        public.write_bytes(
-            key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-        )
+        pem = key.private_bytes(serialization.Encoding.PEM, openssh, serialization.NoEncryption())
+        write_file(private, pem, mode=SECRET)
+        openssh_public = serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        write_file(public, key.public_key().public_bytes(*openssh_public))
         pairs.append((private, public))
     return pairs

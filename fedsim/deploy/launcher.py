@@ -24,6 +24,7 @@ from fedsim.deploy import private_network
 from fedsim.deploy.keys import make_node_keys, make_tls
 from fedsim.deploy.topology import CONNECTION, RUNTIME_ENV, TlsFiles, Topology, local_topology, write_app
 from fedsim.errors import ConfigError, FedsimError
+from fedsim.files import make_dirs, open_file, write_file
 from fedsim.ports import free_ports
 from fedsim.processes import (
     describe,
@@ -95,7 +96,7 @@ class LocalDeployment:
         self.cfg, self.resume = cfg, resume
         self.run_dir = Path(cfg.output.run_dir).resolve()  # the flwr CLI runs elsewhere
         self.workdir = self.run_dir / "deploy"
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.workdir, self.run_dir)
         self.wrap = wrap or {}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.topology = self._topology()
@@ -131,13 +132,15 @@ class LocalDeployment:
 
     def _spawn(self, name: str, role: str, cmd: list[str]) -> None:
         # appended: a resumed run's logs follow those of the run that was killed
-        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 (the process owns it)
-        self.procs[name] = subprocess.Popen(
-            self.wrap.get(role, []) + cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env(name),
-            start_new_session=True,  # Ctrl-C reaches this launcher only, which stops them in order
-            preexec_fn=die_with_parent(),  # and a launcher killed outright takes them with it
-        )  # fmt: skip
-        log.close()
+        log = open_file(self.workdir / f"{name}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            self.procs[name] = subprocess.Popen(
+                self.wrap.get(role, []) + cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env(name),
+                start_new_session=True,  # Ctrl-C reaches this launcher only, which stops them in order
+                preexec_fn=die_with_parent(),  # and a launcher killed outright takes them with it
+            )  # fmt: skip
+        finally:
+            os.close(log)
 
     def alive(self, name: str) -> bool:
         return self.procs[name].poll() is None
@@ -212,7 +215,7 @@ class LocalDeployment:
         """The ServerApp's own output (it runs under the SuperLink), as ``deploy/serverapp.log``."""
         path = self.workdir / "serverapp.log"
         res = self._cli(["log", str(run_id), CONNECTION, "--show"])
-        path.write_text(res.stdout + res.stderr)
+        write_file(path, (res.stdout + res.stderr).encode())
         return path
 
     def stop(self) -> None:

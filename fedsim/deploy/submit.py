@@ -38,6 +38,7 @@ import tomli_w
 from fedsim import wire
 from fedsim.deploy.topology import CONNECTION
 from fedsim.errors import FedsimError
+from fedsim.files import remove
 from fedsim.rundir import PROGRESS, SUMMARY, read_metrics, read_progress, read_summary
 
 POLL_S = 2.0
@@ -175,7 +176,7 @@ def submit(
     # this run's, not the last one's; a summary stays on resume: the ServerApp refuses to resume a finished run
     for stale in (PROGRESS,) if resume else (SUMMARY, PROGRESS):
         if run_dir is not None:
-            (run_dir / stale).unlink(missing_ok=True)
+            remove(run_dir / stale)
     with tempfile.TemporaryDirectory(prefix="fedsim-submit-") as tmp:
         given = resuming(run_config, Path(tmp)) if resume else run_config
         run_id = int(flwr(["run", app, CONNECTION, "--run-config", given])["run-id"])

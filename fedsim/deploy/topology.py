@@ -16,6 +16,7 @@ import tomli_w
 
 from fedsim import wire
 from fedsim.config import RunConfig
+from fedsim.files import write_file
 from fedsim.names import host_port
 
 CONNECTION = "fedsim"  # the flwr CLI's name for the SuperLink connection
@@ -128,9 +129,8 @@ def run_config_toml(cfg: RunConfig, resume: bool = False) -> str:
 
 
 def write_app(directory: Path, cfg: RunConfig, topology: Topology, resume: bool = False) -> None:
-    """The files the flwr CLI needs: the app, the run config and the SuperLink connection."""
-    (directory / "app").mkdir(parents=True, exist_ok=True)
-    (directory / "app" / "pyproject.toml").write_text(app_pyproject())
-    (directory / "run-config.toml").write_text(run_config_toml(cfg, resume))
-    (directory / "flwr").mkdir(exist_ok=True)
-    (directory / "flwr" / "config.toml").write_text(topology.connection_toml())
+    """The files the flwr CLI needs in ``directory`` (a directory of fedsim's, :mod:`fedsim.files`): the app, the
+    run config and the SuperLink connection."""
+    write_file(directory / "app" / "pyproject.toml", app_pyproject().encode(), directory)
+    write_file(directory / "run-config.toml", run_config_toml(cfg, resume).encode())
+    write_file(directory / "flwr" / "config.toml", topology.connection_toml().encode(), directory)

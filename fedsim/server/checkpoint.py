@@ -18,11 +18,8 @@ The clients' side (their state files) is :mod:`fedsim.client.state`.
 
 from __future__ import annotations
 
-import io
 import json
-import os
 import random
-import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +35,7 @@ from fedsim.arrays import array_view, to_array_record
 from fedsim.config import RunConfig, read_run_config
 from fedsim.data.fingerprint import DATA_FINGERPRINT, check_same_data
 from fedsim.errors import ConfigError, FedsimError
+from fedsim.files import remove
 from fedsim.integrity import digest, read_torch, verify
 from fedsim.rundir import (
     CHECKPOINT,
@@ -45,11 +43,11 @@ from fedsim.rundir import (
     NOT_LEARNING,
     SUMMARY,
     RunDir,
+    check_run_links,
     flatten,
     metrics_so_far,
     resolved,
-    temp_name,
-    unwritten,
+    torch_write,
 )  # fmt: skip
 from fedsim.server.client_states import StateRecord, check_loaded, record_of, rounds_to_load
 from fedsim.server.replies import missing_replies
@@ -124,21 +122,7 @@ class Checkpoint:
             "failed": json.dumps(self.failed),
         }
         payload[CHECKSUM] = digest(payload)  # verified on load: a file changed on disk is never resumed
-        # rundir.torch_write's way, with an fsync: serialised in memory first (torch's own writer turns a full
-        # disk into a RuntimeError of its own), then written, synced and renamed
-        buffer = io.BytesIO()
-        torch.save(payload, buffer)
-        path, tmp = run_dir / CHECKPOINT, temp_name(run_dir / CHECKPOINT)
-        try:
-            with open(tmp, "wb") as f:
-                f.write(buffer.getbuffer())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except OSError as err:
-            raise unwritten(path, err) from err
-        finally:
-            tmp.unlink(missing_ok=True)  # gone already once renamed; a half-written one never stays
+        torch_write(run_dir / CHECKPOINT, payload, fsync=True)
 
     @classmethod
     def load(cls, run_dir: Path, cfg: RunConfig | None = None, data_sha256: str | None = None) -> Checkpoint:
@@ -181,6 +165,7 @@ def resume_config(run_dir: str | Path) -> RunConfig:
     config_path = path / "config.yaml"
     if not config_path.is_file():
         raise ConfigError(f"{path}: not a run directory (no config.yaml)")
+    check_run_links(path)  # a link there is said as one, before what it points to is read as the run's
     if (path / SUMMARY).is_file():
         raise FedsimError(f"{path}: the run already finished ({SUMMARY} exists); there is nothing to resume")
     cfg = read_run_config(config_path)
@@ -267,7 +252,7 @@ class Checkpointer:
     def finish(self) -> None:
         """A finished run cannot resume: its clients' state files go (``checkpoint.pt`` stays, small
         beside them: the last model and server state). Nodes with a ``state-dir`` of their own keep theirs."""
-        shutil.rmtree(self.out.path / CLIENT_STATE, ignore_errors=True)
+        remove(self.out.path / CLIENT_STATE)
 
     def describe(self) -> str:
         """Where the run stands on disk, for the message of an error that stopped it."""

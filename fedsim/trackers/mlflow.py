@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import Field
 
 from fedsim.errors import FedsimError
+from fedsim.files import write_file
 from fedsim.reading import KIB, read_text
 from fedsim.trackers.base import TRACKERS, Tracker
 
@@ -52,7 +53,7 @@ class MLflow(Tracker):
             else self.client.create_experiment(experiment_name, artifact_location=str(run_dir.resolve() / "mlflow"))
         )
         self.run_id = self.client.create_run(experiment_id, run_name=run_dir.name).info.run_id
-        id_file.write_text(self.run_id)
+        write_file(id_file, self.run_id.encode())
         self.status = "FAILED"  # until the run's summary is logged
 
     def log_config(self, config: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fedsim.files import check_links
 from fedsim.rundir import make_dir
 from fedsim.trackers.base import TRACKERS, Tracker
 
@@ -17,6 +18,7 @@ class TensorBoard(Tracker):
         super().__init__(params, run_dir, name)
         from torch.utils.tensorboard import SummaryWriter
 
+        check_links(run_dir, ["tb"])
         make_dir(run_dir / "tb", "output.trackers (tensorboard's tb/ directory)")
         self.writer = SummaryWriter(str(run_dir / "tb"))
 
