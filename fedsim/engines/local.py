@@ -24,6 +24,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedsim import wire
 from fedsim.client.vectorized import train_groups, train_together
 from fedsim.engines.states import NodeStates
+from fedsim.plugin_guard import plugin_code
 
 SERVER_NODE_ID = 0
 
@@ -61,7 +62,8 @@ def deliver(app: ClientApp, messages: Sequence[Message], nodes: NodeStates) -> l
     for group in train_groups(jobs):
         with nodes.serving([jobs[i][0].metadata.dst_node_id for i in group]):
             try:
-                replies.update(zip(group, train_together([jobs[i] for i in group]), strict=True))
+                with plugin_code():  # as the ClientApp's handlers run (fedsim.client.app)
+                    replies.update(zip(group, train_together([jobs[i] for i in group]), strict=True))
             except Exception as err:  # every client of the group failed with it
                 replies.update((i, wire.error_reply(jobs[i][0], err)) for i in group)
     for i, (message, context) in enumerate(jobs):

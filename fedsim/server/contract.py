@@ -6,7 +6,8 @@ round's model as it was, and both would exit 0. So each hook's result is checked
 Messages; the aggregate is a whole model: every tensor of the global model, by the same names, of
 the same shapes, numbers of the same kind), and a hook that raises or breaks its contract stops the run with one
 line naming the plugin, the hook and what is wrong. ``FEDSIM_DEBUG`` set lets a hook's exception
-through with its traceback.
+through with its traceback. A hook that calls ``sys.exit`` or ``os._exit`` stops the run the same way
+(:mod:`fedsim.plugin_guard`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedsim.errors import DEBUG_ENV, ConfigError, FedsimError
+from fedsim.plugin_guard import plugin_code
 from fedsim.server.strategy import Checkpointable
 
 T = TypeVar("T")
@@ -118,7 +120,8 @@ class CheckedStrategy:
 
     def _call(self, hook: str, call: Callable[[], T]) -> T:
         try:
-            return call()
+            with plugin_code(f"strategy {self.plugin!r}: {self.name}.{hook}"):
+                return call()
         except FedsimError:
             raise
         except Exception as err:
