@@ -1,6 +1,6 @@
-"""A plugin cannot end a run as a success, or keep fedsim alive after it.
+"""A plugin cannot end a run as a success, stall it past train.round_timeout_s, or keep fedsim alive after it.
 
-The plugins of tests/plugins/misbehaving.py call ``sys.exit(0)`` or ``os._exit(0)`` in a
+The plugins of tests/plugins/misbehaving.py call ``sys.exit(0)`` or ``os._exit(0)``, or sleep forever, in a
 client hook, a normaliser's forward and a strategy's ``aggregate_train``, or leave a non-daemon thread
 running. Each run is a real ``fedsim run`` process (or ``fedsim.run`` from Python): a failure is exit status 2
 and one ``fedsim: error:`` line naming the plugin and its method, with the rounds recorded before it kept.
@@ -14,11 +14,13 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import fedsim
 from fedsim.errors import FedsimError
@@ -26,6 +28,7 @@ from tests.conftest import REPO, small_config, write_config
 
 PLUGINS = "tests.plugins.misbehaving"
 SPAWN_TIMEOUT_S = 600  # a fedsim process on a loaded 2-core machine: tens of seconds, Ray's start included
+ROUND_TIMEOUT_S = 5  # short enough to wait for, long enough for a round of the small config on a loaded machine
 
 
 def misbehaving(tmp_path: Path, **sections: Any) -> dict[str, Any]:
@@ -116,6 +119,31 @@ def test_aggregate_train_that_exits_stops_the_run_naming_the_hook(tmp_path: Path
 
 
 @pytest.mark.slow
+def test_aggregate_train_that_never_returns_stops_the_run_at_round_timeout(tmp_path: Path) -> None:
+    strategy = {"name": f"{PLUGINS}:InAggregate", "how": "sleep", "round": 2}
+    cfg = misbehaving(tmp_path, strategy=strategy, train={"round_timeout_s": ROUND_TIMEOUT_S})
+    proc, run_dir = fedsim_run(tmp_path, cfg)
+    error = the_error(proc)
+    assert (
+        f"fedsim: error: strategy '{PLUGINS}:InAggregate': _ExitingAverage.aggregate_train did not return within "
+        f"train.round_timeout_s = {ROUND_TIMEOUT_S} s" in error
+    ), error
+    assert_round_1_kept(run_dir, error)
+
+
+@pytest.mark.slow
+def test_an_inline_client_that_overruns_stops_the_run_even_under_skip(tmp_path: Path) -> None:
+    train = {"round_timeout_s": ROUND_TIMEOUT_S, "on_client_failure": "skip"}
+    proc, run_dir = fedsim_run(tmp_path, misbehaving(tmp_path, strategy=in_client("sleep", partition=2), train=train))
+    error = the_error(proc)
+    assert f"round 2, training: client 2 did not finish within train.round_timeout_s = {ROUND_TIMEOUT_S} s" in error, (
+        error
+    )
+    assert "simulation.backend: ray" in error
+    assert_round_1_kept(run_dir, error)
+
+
+@pytest.mark.slow
 def test_threads_a_plugin_leaves_do_not_keep_fedsim_run_alive(tmp_path: Path) -> None:
     cfg = small_config(tmp_path, model={"name": "mlp", "norm": f"{PLUGINS}:LeavesThread", "hidden": [64]})
     started = time.monotonic()
@@ -202,3 +230,23 @@ def test_only_the_thread_running_plugin_code_has_os_exit_replaced() -> None:
     assert proc.returncode == 7
     assert exit_in_child_of_plugin_code() == 0
     assert os._exit.__module__ == "posix"  # the real one again, outside plugin code
+
+
+def test_a_bounded_call_that_overruns_is_stopped_at_its_next_line() -> None:
+    """A call that overran is stopped (a loop of torch calls left running as Python exits aborts the process)."""
+    from fedsim.deadline import call_within
+
+    x = torch.ones(8, 8)
+
+    def forever() -> None:
+        while True:
+            x @ x
+
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="overran"):
+        call_within(forever, 0.5, lambda: TimeoutError("overran"))
+    assert time.monotonic() - started < 5  # stopped at once, not after its grace
+    assert not [t for t in threading.enumerate() if t.name == "fedsim-bounded-call"]
+    assert call_within(torch.is_grad_enabled, 60, RuntimeError) is True  # the caller's grad mode, on another thread
+    with torch.no_grad():
+        assert call_within(torch.is_grad_enabled, 60, RuntimeError) is False

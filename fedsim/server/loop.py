@@ -205,7 +205,7 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
     reporter = RoundReporter(experiment, list(node_of_partition), out, show)
     checkpoints = Checkpointer(cfg, out, grid, node_of_partition, resumed, data_sha256)
     arrays, done = to_array_record(model.state_dict()), 0
-    strategy = CheckedStrategy(server, cfg.strategy.name, arrays)
+    strategy = CheckedStrategy(server, cfg.strategy.name, arrays, cfg.train.round_timeout_s)
     if resumed is None:
         reporter.start(arrays)
     else:
