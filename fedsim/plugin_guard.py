@@ -146,10 +146,10 @@ def warn_stray_threads(before: set[threading.Thread]) -> list[threading.Thread]:
     strays = stray_threads(before)
     if new := [t for t in strays if t not in _warned]:
         _warned.update(new)
-        names = ", ".join(repr(t.name) for t in new)
+        names, them = ", ".join(repr(t.name) for t in new), "them" if len(new) > 1 else "it"
         warnings.warn(
             f"plugin code left {len(new)} thread{'s' * (len(new) > 1)} running ({names}): the fedsim command exits "
-            "without waiting for them; a Python process that called fedsim.run waits for them as it exits",
+            f"without waiting for {them}; a Python process that called fedsim.run waits for {them} as it exits",
             FedsimWarning,
             stacklevel=2,
         )
