@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import warnings
 from typing import Any, NoReturn
 
@@ -15,6 +16,7 @@ from typing import Any, NoReturn
 from fedsim.environment import check_libraries_load, check_working_directory, fault_of
 from fedsim.errors import DEBUG_ENV, ERROR_FILE_ENV, ChildExit, ConfigError, FedsimError, FedsimWarning
 from fedsim.paths import home_expanded
+from fedsim.plugin_guard import exit_now, plugin_code, warn_stray_threads
 from fedsim.processes import sigterm_as_interrupt, sigterm_raised
 
 
@@ -317,7 +319,17 @@ def _stop(err: FedsimError) -> int:
 def main(argv: list[str] | None = None) -> int:
     """The ``fedsim`` command: its exit status is 0, 2 for bad input or a fault of the environment (one line on
     stderr, :mod:`fedsim.environment`), 1 for a sweep some of whose cells failed, 130 on Ctrl-C and 143 on SIGTERM
-    (one line each, every process the command started stopped)."""
+    (one line each, every process the command started stopped). Threads that plugin code left running are named in
+    a warning, and the process ends with that status without waiting for them (Python's own exit would wait
+    forever)."""
+    before = set(threading.enumerate())
+    code = _command(argv)
+    if warn_stray_threads(before):
+        exit_now(code)
+    return code
+
+
+def _command(argv: list[str] | None) -> int:
     try:
         with sigterm_as_interrupt():  # from the first moment: start-up included, every engine after it
             args = build_parser().parse_args(argv)
@@ -330,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.debug:
                 os.environ[DEBUG_ENV] = "1"
             warnings.showwarning = _show_warning
-            return args.func(args)
+            with plugin_code():  # a plugin's sys.exit / os._exit in any command is a PluginExit (fedsim.plugin_guard)
+                return args.func(args)
     except ChildExit as err:  # the fedsim process it ran has said why
         return err.code
     except BrokenPipeError:  # its output went to a reader that stopped reading (fedsim list | head)

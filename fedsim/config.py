@@ -167,7 +167,12 @@ class TrainConfig(_Strict):
         "replies that arrived and record the missing partitions in metrics.jsonl (skip)",
     )
     round_timeout_s: float = Field(
-        3600.0, gt=0, le=MAX_WAIT_S, description="how long the server waits for a round's replies from real SuperNodes"
+        3600.0,
+        gt=0,
+        le=MAX_WAIT_S,
+        description="the longest each phase of a round may take, under every engine: the clients' replies "
+        "(real SuperNodes', and inline clients' work: one that overruns stops the run, whatever "
+        "on_client_failure) and each call of a strategy's server hooks (one that overruns stops the run)",
     )
     max_loss: float | None = Field(
         1e6, gt=0, description="a mean training loss above this stops the run as diverged (cross-entropy starts "

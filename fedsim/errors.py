@@ -55,6 +55,11 @@ class TrainingError(FedsimError):
     """Training diverged (NaN / inf) or a client failed beyond the failure policy."""
 
 
+class PluginExit(FedsimError):
+    """A plugin called ``sys.exit`` or ``os._exit``: a failure of the plugin, never a run ending as a success
+    (:mod:`fedsim.plugin_guard`)."""
+
+
 class ProtocolError(FedsimError):
     """A ServerApp or ClientApp message lacks what fedsim's protocol (docs/protocol.md) needs."""
 

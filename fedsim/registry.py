@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from pydantic_core import PydanticCustomError, PydanticSerializationError, to_json
 
 from fedsim.errors import ConfigError, FedsimError, RegistryError, brief, one_line
+from fedsim.plugin_guard import note_plugin
 
 T = TypeVar("T")
 P = TypeVar("P", bound=BaseModel)
@@ -216,6 +217,7 @@ class Registry(Generic[T]):
         one = self.kind[:-3] + "y" if self.kind.endswith("ies") else self.kind.removesuffix("s")  # strategies
         owner = f"{one} {name!r}"
         params = validate_options(cls.Params, options, where, owner)  # type: ignore[attr-defined]
+        note_plugin(cls.__module__, f"{where} {name!r}")  # who a sys.exit / os._exit in that module is
         return Resolved(name, cls, params, where)
 
     def names(self) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from fedsim.experiment import Experiment, build_server, resolve
 from fedsim.federation import Federation
 from fedsim.models import FedsimModel
 from fedsim.ownership import check_not_in_a_run
+from fedsim.plugin_guard import plugin_code, warn_stray_threads
 from fedsim.rundir import CHECKPOINT, check_fresh, claimed, make_dir, metrics_so_far, resolved
 from fedsim.server.strategy import ServerSetup, check_strategy
 from fedsim.trackers import resolve_trackers
@@ -126,21 +128,26 @@ def run(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
     """Run ``cfg`` in a run directory it owns while it runs; ``resume``: go on from the checkpoint in its run
     dir (:func:`fedsim.server.checkpoint.resume_config`). One run at a time in a process
     (:mod:`fedsim.exclusive`); a library that does not load, or memory that runs out, is an
-    :class:`~fedsim.errors.EnvironmentFault`."""
+    :class:`~fedsim.errors.EnvironmentFault`; a plugin's ``sys.exit`` / ``os._exit`` is a
+    :class:`~fedsim.errors.PluginExit`; threads its code left running are named in a warning."""
     from fedsim.engines import run_with_engine
 
+    before = set(threading.enumerate())
     try:
-        experiment = plan(cfg, resume)
-        run_dir = Path(experiment.config.output.run_dir or "")
-        with claimed(run_dir, resume, made=not cfg.output.run_dir):  # plan made <output.dir>/<name>-<time>
-            try:
-                return run_with_engine(experiment, resume)
-            except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: fedsim's one line says where the run stands
-                err.add_note(metrics_so_far(run_dir))
-                if (run_dir / CHECKPOINT).is_file():  # written whole or not at all (a temporary file renamed)
-                    err.add_note(f"fedsim run --resume {run_dir} continues it from its last checkpoint")
-                raise
+        with plugin_code():  # the data, partitioner, model and strategy that plan() builds and checks, too
+            experiment = plan(cfg, resume)
+            run_dir = Path(experiment.config.output.run_dir or "")
+            with claimed(run_dir, resume, made=not cfg.output.run_dir):  # plan made <output.dir>/<name>-<time>
+                try:
+                    return run_with_engine(experiment, resume)
+                except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: fedsim's one line says where the run stands
+                    err.add_note(metrics_so_far(run_dir))
+                    if (run_dir / CHECKPOINT).is_file():  # written whole or not at all (a temporary file renamed)
+                        err.add_note(f"fedsim run --resume {run_dir} continues it from its last checkpoint")
+                    raise
     except (ImportError, MemoryError, RuntimeError) as err:
         if (fault := fault_of(err)) is None:
             raise
         raise fault from err
+    finally:
+        warn_stray_threads(before)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from flwr.app import Context, Error, Message
 
-from fedsim.errors import ProtocolError
+from fedsim.errors import PluginExit, ProtocolError
 
 CLIENT_APP_RAISED_EXCEPTION = 1  # Flower's ErrorCode of that name
 
@@ -212,8 +212,11 @@ def node_partition(context: Context) -> int:
 
 def error_reply(message: Message, err: Exception) -> Message:
     """The reply to a message whose handling raised, as Flower's runtime makes it: one line, the error and
-    where it was raised (the server's message names the client; a traceback would be noise there)."""
-    frame = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ is not None else None
+    where it was raised (the server's message names the client; a traceback would be noise there). A
+    plugin's exit says where itself."""
+    frame = None
+    if err.__traceback__ is not None and not isinstance(err, PluginExit):
+        frame = traceback.extract_tb(err.__traceback__)[-1]
     where = f" (at {Path(frame.filename).name}:{frame.lineno} in {frame.name})" if frame is not None else ""
     reason = " ".join(f"{type(err).__name__}: {err}".split()) + where
     return Message(Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)

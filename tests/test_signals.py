@@ -126,6 +126,30 @@ def test_a_run_on_ray_stopped_mid_way_leaves_nothing_running(
     assert_all_gone(seen)  # however it ended, what it started ends with it
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_a_signal_while_inline_clients_train_is_one_line(tmp_path: Path, sig: signal.Signals) -> None:
+    """Inline clients train in a thread of fedsim's own, bounded by train.round_timeout_s (fedsim.deadline): a
+    signal stops that thread with the run (left in torch's C++ code as Python exited, it aborted the process:
+    exit -6, "terminate called without an active exception", 2 of 2)."""
+    cfg = small_config(tmp_path, train={"rounds": 10_000, "local_steps": 50}, eval={"every": 1})
+    cmd = [sys.executable, "-m", "fedsim.cli", "run", str(write_config(tmp_path, cfg))]
+    proc = subprocess.Popen(cmd, cwd=REPO, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=default_sigint)  # fmt: skip
+    deadline = time.monotonic() + 300
+    metrics = tmp_path / "runs"
+    while proc.poll() is None and time.monotonic() < deadline:  # rounds going: the clients' thread trains most of it
+        if sum(len(m.read_text().splitlines()) for m in metrics.glob("*/metrics.jsonl")) >= 2:
+            break
+        time.sleep(0.2)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, err[-3000:]
+    stopped = STOPPED if sig == signal.SIGTERM else "fedsim: interrupted"
+    assert err.splitlines()[-1].startswith(f"{stopped}; the metrics so far are in "), err[-3000:]
+    assert "terminate called" not in err and "Traceback" not in err, err[-3000:]
+
+
 # Ray's core worker starts in this process inside ray.init, with the worker.io thread (Ray 2.x's name for
 # its I/O thread): a SIGTERM then went to the absl failure handler it installs (a stack dump, then abort() 3 s
 # later: exit 134, 3 of 3 tries before the fix), and a Ctrl-C, raised inside ray.init, left the core worker

@@ -1,10 +1,14 @@
 """fedsim's Flower ClientApp: one handler per message type of fedsim's protocol (docs/protocol.md).
 
 The work happens in the process's :class:`~fedsim.client.runtime.ClientRuntime`, built on the first
-message of a run from the run config that message carries.
+message of a run from the run config that message carries. Every handler runs as plugin code
+(:func:`plugin_guarded`): a plugin's ``sys.exit`` or ``os._exit`` there is an exception naming the
+plugin, which every engine turns into an error reply, as it does any exception of a handler.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -13,8 +17,16 @@ from fedsim import wire
 from fedsim.client.runtime import runtime_for
 from fedsim.client.state import state_query
 from fedsim.packing import packed_transport
+from fedsim.plugin_guard import plugin_code
 
-app = ClientApp(mods=[packed_transport])
+
+def plugin_guarded(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+    """A ClientApp mod: the handler runs as plugin code (:func:`fedsim.plugin_guard.plugin_code`)."""
+    with plugin_code():
+        return call_next(msg, context)
+
+
+app = ClientApp(mods=[plugin_guarded, packed_transport])
 
 
 @app.train()

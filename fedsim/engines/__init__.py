@@ -23,7 +23,8 @@ def run_with_engine(experiment: Experiment, resume: bool = False) -> dict[str, A
 
         executor: Any = RayPoolExecutor(cfg.simulation, run_id=1, num_partitions=cfg.train.num_clients)
     else:
-        executor = InlineExecutor(app, 1, cfg.train.num_clients, cfg.simulation.state_memory_mb)
+        sim = cfg.simulation
+        executor = InlineExecutor(app, 1, cfg.train.num_clients, sim.state_memory_mb, cfg.train.round_timeout_s)
     try:
         return run_server(LocalGrid(executor), experiment, resume)
     finally:

@@ -23,7 +23,10 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedsim import wire
 from fedsim.client.vectorized import train_groups, train_together
+from fedsim.deadline import call_within
 from fedsim.engines.states import NodeStates
+from fedsim.errors import TrainingError
+from fedsim.plugin_guard import plugin_code
 
 SERVER_NODE_ID = 0
 
@@ -61,7 +64,8 @@ def deliver(app: ClientApp, messages: Sequence[Message], nodes: NodeStates) -> l
     for group in train_groups(jobs):
         with nodes.serving([jobs[i][0].metadata.dst_node_id for i in group]):
             try:
-                replies.update(zip(group, train_together([jobs[i] for i in group]), strict=True))
+                with plugin_code():  # as the ClientApp's handlers run (fedsim.client.app)
+                    replies.update(zip(group, train_together([jobs[i] for i in group]), strict=True))
             except Exception as err:  # every client of the group failed with it
                 replies.update((i, wire.error_reply(jobs[i][0], err)) for i in group)
     for i, (message, context) in enumerate(jobs):
@@ -77,18 +81,54 @@ def node_states(run_id: int, partitions: Sequence[int], num_partitions: int, mem
     return NodeStates(contexts, int(memory_mb * 2**20))
 
 
-class InlineExecutor:
-    """Runs every node's ClientApp in this process, one after another."""
+# what the server is doing when it sends a message of each type, for messages about it
+PHASES = {
+    wire.TRAIN: "training",
+    wire.EVALUATE: "evaluation",
+    wire.QUERY_PARTITION: "asking the clients for their partitions",
+    wire.SAVE_STATE: "saving the clients' states",
+    wire.LOAD_STATE: "loading the clients' states",
+}
 
-    def __init__(self, app: ClientApp, run_id: int, num_partitions: int, state_memory_mb: float) -> None:
-        self.app = app
+
+def phase_of(message: Message) -> str:
+    """``"round 3, training"``: the round and what the server sent ``message`` for."""
+    config = message.content.config_records.get(wire.CONFIG, {})
+    what = PHASES.get(message.metadata.message_type, message.metadata.message_type)
+    server_round = config.get(wire.SERVER_ROUND, config.get(wire.STATE_ROUND))
+    return what if server_round is None else f"round {server_round}, {what}"
+
+
+class InlineExecutor:
+    """Runs every node's ClientApp in this process, one after another, a batch of messages within ``timeout_s``
+    (``train.round_timeout_s``; None: unbounded). A client that overruns it stops the run: it shares this
+    process's model, data and Flower state, and goes on in the background, so no later round could trust them."""
+
+    def __init__(
+        self, app: ClientApp, run_id: int, num_partitions: int, state_memory_mb: float, timeout_s: float | None = None
+    ) -> None:
+        self.app, self.timeout_s = app, timeout_s
         self.nodes = node_states(run_id, range(num_partitions), num_partitions, state_memory_mb)
 
     def node_ids(self) -> list[int]:
         return self.nodes.node_ids()
 
     def execute(self, messages: Sequence[Message]) -> list[Message]:
-        return deliver(self.app, messages, self.nodes)
+        if self.timeout_s is None or not messages:
+            return deliver(self.app, messages, self.nodes)
+        return call_within(
+            lambda: deliver(self.app, messages, self.nodes), self.timeout_s, lambda: self._overran(messages)
+        )
+
+    def _overran(self, messages: Sequence[Message]) -> TrainingError:
+        late = [wire.node_partition(self.nodes.contexts[node]) for node in self.nodes.in_service]
+        who = f"client{'s' * (len(late) > 1)} {', '.join(map(str, late))}" if late else "its clients"
+        return TrainingError(
+            f"{phase_of(messages[0])}: {who} did not finish within train.round_timeout_s = {self.timeout_s:g} s; "
+            "simulation.backend: inline runs clients in fedsim's own process, which cannot go on without one "
+            "(simulation.backend: ray runs them in workers, and train.on_client_failure: skip leaves out one that "
+            "overruns)"
+        )
 
     def shutdown(self) -> None:
         self.nodes.close()

@@ -36,6 +36,7 @@ class NodeStates:
         self.budget = budget_bytes
         self.resident: OrderedDict[int, int] = OrderedDict()  # node -> bytes in memory, least recent first
         self.spilled: set[int] = set()
+        self.in_service: list[int] = []  # the nodes being served now (named when serving them overruns)
         self._dir: Path | None = None
 
     def node_ids(self) -> list[int]:
@@ -53,9 +54,11 @@ class NodeStates:
         """Within: ``nodes``' whole states in memory. After: settled (spilled beyond the budget)."""
         for node in nodes:
             self.load(node)
+        self.in_service = nodes
         try:
             yield
         finally:
+            self.in_service = []
             self.settle(nodes)
 
     def settle(self, nodes: list[int]) -> None:

@@ -6,7 +6,9 @@ round's model as it was, and both would exit 0. So each hook's result is checked
 Messages; the aggregate is a whole model: every tensor of the global model, by the same names, of
 the same shapes, numbers of the same kind), and a hook that raises or breaks its contract stops the run with one
 line naming the plugin, the hook and what is wrong. ``FEDSIM_DEBUG`` set lets a hook's exception
-through with its traceback.
+through with its traceback. A hook that calls ``sys.exit`` or ``os._exit`` stops the run the same way
+(:mod:`fedsim.plugin_guard`), and one that does not return within ``train.round_timeout_s`` too: each call
+runs in a thread of its own that the round loop waits for only that long (:mod:`fedsim.deadline`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fedsim.errors import DEBUG_ENV, ConfigError, FedsimError
+from fedsim.deadline import call_within
+from fedsim.errors import DEBUG_ENV, ConfigError, FedsimError, TrainingError
+from fedsim.plugin_guard import plugin_code
 from fedsim.server.strategy import Checkpointable
 
 T = TypeVar("T")
@@ -68,11 +72,13 @@ def model_mismatch(model: Shapes, arrays: object) -> str:
 
 class CheckedStrategy:
     """``strategy`` (the plugin named ``plugin`` in the config) with every hook the loop calls checked;
-    ``model``: the global model whose tensors every aggregate must have."""
+    ``model``: the global model whose tensors every aggregate must have; ``timeout_s``: how long a hook may
+    take (``train.round_timeout_s``)."""
 
-    def __init__(self, strategy: Strategy, plugin: str, model: ArrayRecord) -> None:
+    def __init__(self, strategy: Strategy, plugin: str, model: ArrayRecord, timeout_s: float) -> None:
         self.strategy, self.plugin = strategy, plugin
         self.model = shapes_of(model)
+        self.timeout_s = timeout_s
 
     @property
     def name(self) -> str:
@@ -117,8 +123,20 @@ class CheckedStrategy:
             self._call("load_server_state", lambda: strategy.load_server_state(state))
 
     def _call(self, hook: str, call: Callable[[], T]) -> T:
+        who = f"strategy {self.plugin!r}: {self.name}.{hook}"
+
+        def guarded() -> T:
+            with plugin_code(who):
+                return call()
+
+        def overran() -> TrainingError:
+            return TrainingError(
+                f"{who} did not return within train.round_timeout_s = {self.timeout_s:g} s (raise it if the hook "
+                "needs longer)"
+            )
+
         try:
-            return call()
+            return call_within(guarded, self.timeout_s, overran)
         except FedsimError:
             raise
         except Exception as err:

@@ -27,8 +27,9 @@ from fedsim.config import RunConfig
 from fedsim.console import console, partition_table, summary_table
 from fedsim.data.fingerprint import DATA_FINGERPRINT
 from fedsim.engines.layout import torch_threads
-from fedsim.errors import ConfigError, TrainingError
+from fedsim.errors import ConfigError, PluginExit, TrainingError
 from fedsim.experiment import Experiment, build_server
+from fedsim.plugin_guard import plugin_code
 from fedsim.rundir import (
     MODEL_CHECKSUM,
     RunDir,
@@ -139,7 +140,10 @@ class RoundLoop:
         ordered = [addressed[self.node_of_partition[p]] for p in sent]
         replies = list(self.grid.send_and_receive(ordered, timeout=timeout))
         if missing := {**missing_replies(replies, sent, self.partition_of_node, timeout), **gone}:
-            why = "; ".join(f"client {p}: {reason}" for p, reason in sorted(missing.items()))
+            alike: dict[str, list[str]] = {}  # clients failing for one reason (a normaliser's bug fails them all)
+            for p, reason in sorted(missing.items()):
+                alike.setdefault(reason, []).append(str(p))
+            why = "; ".join(f"client{'s' * (len(ps) > 1)} {', '.join(ps)}: {reason}" for reason, ps in alike.items())
             if self.cfg.train.on_client_failure == "fail":
                 raise TrainingError(
                     f"round {server_round}, {what}: {why} (train.on_client_failure: skip goes on without them)"
@@ -172,7 +176,8 @@ def run_server(grid: Grid, experiment: Experiment, resume: bool = False, show: b
         cfg.output.run_dir or default_run_dir(cfg), lambda path: open_trackers(cfg.output.trackers, path, cfg.name)
     )
     try:
-        return _run_rounds(grid, experiment, out, resume, cfg.output.progress if show is None else show)
+        with plugin_code():  # the normaliser and model in the server's diagnostics, trackers, the data
+            return _run_rounds(grid, experiment, out, resume, cfg.output.progress if show is None else show)
     finally:
         out.close()  # its trackers get the run's files and are closed, however the run ended
 
@@ -200,7 +205,7 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
     reporter = RoundReporter(experiment, list(node_of_partition), out, show)
     checkpoints = Checkpointer(cfg, out, grid, node_of_partition, resumed, data_sha256)
     arrays, done = to_array_record(model.state_dict()), 0
-    strategy = CheckedStrategy(server, cfg.strategy.name, arrays)
+    strategy = CheckedStrategy(server, cfg.strategy.name, arrays, cfg.train.round_timeout_s)
     if resumed is None:
         reporter.start(arrays)
     else:
@@ -214,8 +219,8 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
     try:
         with _flower_logs_quiet():
             arrays = loop.run(arrays, done + 1)
-    except TrainingError as err:  # diverged or clients failed: say what is kept on disk
-        raise TrainingError(f"{err}; {checkpoints.describe()}") from err  # one line, as every error is
+    except (TrainingError, PluginExit) as err:  # diverged, clients failed, a hook overran or exited: what is kept
+        raise type(err)(f"{err}; {checkpoints.describe()}") from err  # one line, as every error is
     finally:
         reporter.progress.stop()
     summary = reporter.summary(done)
