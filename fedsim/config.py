@@ -167,7 +167,11 @@ class TrainConfig(_Strict):
         "replies that arrived and record the missing partitions in metrics.jsonl (skip)",
     )
     round_timeout_s: float = Field(
-        3600.0, gt=0, le=MAX_WAIT_S, description="how long the server waits for a round's replies from real SuperNodes"
+        3600.0,
+        gt=0,
+        le=MAX_WAIT_S,
+        description="how long the server waits for a round's replies (SuperNodes, Ray workers); a client whose reply "
+        "misses it has failed",
     )
     max_loss: float | None = Field(
         1e6, gt=0, description="a mean training loss above this stops the run as diverged (cross-entropy starts "

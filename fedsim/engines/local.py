@@ -87,7 +87,9 @@ class InlineExecutor:
     def node_ids(self) -> list[int]:
         return self.nodes.node_ids()
 
-    def execute(self, messages: Sequence[Message]) -> list[Message]:
+    def execute(self, messages: Sequence[Message], timeout: float | None = None) -> list[Message]:
+        """Every message's reply, in order (``timeout``: the Grid's, which clients in this process are not
+        held to here)."""
         return deliver(self.app, messages, self.nodes)
 
     def shutdown(self) -> None:
@@ -137,4 +139,4 @@ class LocalGrid(Grid):
         return [self._replies.pop(i) for i in message_ids if i in self._replies]
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        return self.executor.execute(list(messages))
+        return self.executor.execute(list(messages), timeout)
