@@ -171,8 +171,9 @@ class TrainConfig(_Strict):
         gt=0,
         le=MAX_WAIT_S,
         description="the longest each phase of a round may take, under every engine: the clients' replies "
-        "(real SuperNodes', and inline clients' work: one that overruns stops the run, whatever "
-        "on_client_failure) and each call of a strategy's server hooks (one that overruns stops the run)",
+        "(SuperNodes', Ray workers': a client whose reply misses it has failed; inline clients' work: one that "
+        "overruns stops the run, whatever on_client_failure) and each call of a strategy's server hooks (one that "
+        "overruns stops the run)",
     )
     max_loss: float | None = Field(
         1e6, gt=0, description="a mean training loss above this stops the run as diverged (cross-entropy starts "

@@ -18,6 +18,7 @@ from flwr.app import Context, Error, Message
 from fedsim.errors import PluginExit, ProtocolError
 
 CLIENT_APP_RAISED_EXCEPTION = 1  # Flower's ErrorCode of that name
+CLIENT_APP_CRASHED = 8  # Flower's ErrorCode of that name: the process running the ClientApp is gone
 
 ARRAYS = "arrays"  # the model's ArrayRecord (Flower's default key, kept so Flower strategies work)
 CONFIG = "config"  # the per-round ConfigRecord (Flower's default key)
@@ -218,8 +219,12 @@ def error_reply(message: Message, err: Exception) -> Message:
     if err.__traceback__ is not None and not isinstance(err, PluginExit):
         frame = traceback.extract_tb(err.__traceback__)[-1]
     where = f" (at {Path(frame.filename).name}:{frame.lineno} in {frame.name})" if frame is not None else ""
-    reason = " ".join(f"{type(err).__name__}: {err}".split()) + where
-    return Message(Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
+    return failure_reply(message, f"{type(err).__name__}: {err}{where}")
+
+
+def failure_reply(message: Message, reason: str, code: int = CLIENT_APP_RAISED_EXCEPTION) -> Message:
+    """The error reply to ``message``, saying why in one line (``reason`` with its whitespace collapsed)."""
+    return Message(Error(code=code, reason=" ".join(reason.split())), reply_to=message)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ def run_with_engine(experiment: Experiment, resume: bool = False) -> dict[str, A
         executor: Any = RayPoolExecutor(cfg.simulation, run_id=1, num_partitions=cfg.train.num_clients)
     else:
         sim = cfg.simulation
-        executor = InlineExecutor(app, 1, cfg.train.num_clients, sim.state_memory_mb, cfg.train.round_timeout_s)
+        executor = InlineExecutor(app, 1, cfg.train.num_clients, sim.state_memory_mb)
     try:
         return run_server(LocalGrid(executor), experiment, resume)
     finally:

@@ -1,32 +1,124 @@
 """The ``flower`` engine: Flower's own simulation runtime on Ray (isolated here, since
-``run_simulation`` is deprecated in favour of the SuperLink-based runtime)."""
+``run_simulation`` is deprecated in favour of the SuperLink-based runtime).
+
+A client's failure is what it is under the local engine. A client that raises answers with fedsim's one-line
+error reply (:class:`ErrorReplies`; Flower's own would hold Ray's traceback, and Flower would log it). A Ray
+worker whose process ends mid-round (killed, out of memory, ``os._exit``) fails the message it was running,
+its reason Ray's cause in one line (:mod:`fedsim.engines.lost_workers`). Flower's pool would send that dead
+worker every later message it gives it; with ``max_restarts`` Ray starts a fresh process in its place, which
+computes what the dead one would have (Flower's workers keep no client state: each node's ``Context`` lives
+in this process and changes only with a reply). A message that went to the worker while Ray replaced it
+was never run, and is sent again (:class:`RuntimeGrid`).
+"""
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
+import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import ray
-from flwr.app import Context, Message
+from flwr.app import Context, Error, Message
+from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from fedsim.engines.local import handle
+from fedsim.engines.lost_workers import GONE, ray_cause, worker_died
 from fedsim.engines.ray_cluster import init_ray
 from fedsim.errors import FedsimError
 from fedsim.experiment import Experiment
 from fedsim.processes import signals_deferred
+from fedsim.server.polling import PromptGrid
+
+# Ray's words for a task it ran nowhere: the worker it went to was being replaced
+NOT_RUN = "The actor is restarting"
+RESEND_AFTER_S = 0.5
+# Flower's reason for a message whose ClientApp call raised in its backend: "<class 'X'>:<'str(exception)'>"
+FLOWER_REASON = re.compile(r"<class '(?P<kind>[^']+)'>:<'(?P<text>.*)'>\Z", re.DOTALL)
 
 
-def _unless(stopped: threading.Event, pull: Callable[..., Iterable[Message]]) -> Callable[..., Iterable[Message]]:
-    """``pull`` (the grid's wait for replies), raising once ``stopped`` is set."""
+class ErrorReplies(ClientApp):
+    """``app``, its exceptions answered with fedsim's error reply, as the local engine's workers answer."""
 
-    def pull_unless_stopped(*args: Any, **kwargs: Any) -> Iterable[Message]:
-        if stopped.is_set():
+    def __init__(self, app: ClientApp) -> None:
+        super().__init__()
+        self.app = app
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        # in a worker's process: Flower logs a warning there as it ends its workers at a run's end, nothing else
+        logging.getLogger("flwr").setLevel(logging.ERROR)
+        return handle(self.app, message, context)
+
+
+def in_one_line(reply: Message) -> Message:
+    """``reply``, an error from Flower's Ray backend (a Ray exception's text: the worker died) in fedsim's words."""
+    if reply.has_error() and (found := FLOWER_REASON.match(reply.error.reason or "")):
+        kind = found["kind"].rpartition(".")[2]
+        text = found["text"]
+        reply.error = Error(reply.error.code, worker_died(kind, text) if kind in GONE else ray_cause(kind, text))
+    return reply
+
+
+class RuntimeGrid(PromptGrid):
+    """Flower's simulation grid as fedsim's round loop uses it: it raises once ``stopped`` is set (Ctrl-C,
+    SIGTERM), sends again a message Ray ran nowhere (its worker was being replaced), and says a lost worker's
+    error in one line."""
+
+    def __init__(self, grid: Grid, stopped: threading.Event) -> None:
+        super().__init__(grid)
+        self.stopped = stopped
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        if self.stopped.is_set():
             raise FedsimError("the simulation stopped (Ctrl-C or SIGTERM)")
-        return pull(*args, **kwargs)
+        return self.grid.pull_messages(message_ids)
 
-    return pull_unless_stopped
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """The replies that came within ``timeout`` seconds, a message Ray ran nowhere sent again meanwhile."""
+        pending, replies = list(messages), []
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            got = list(super().send_and_receive(pending, timeout=left))
+            not_run = [r for r in got if r.has_error() and NOT_RUN in (r.error.reason or "")]
+            replies += [r for r in got if r not in not_run]
+            if not not_run or (deadline is not None and time.monotonic() + RESEND_AFTER_S >= deadline):
+                return [in_one_line(r) for r in replies + not_run]
+            sent = {m.metadata.message_id: m for m in pending}
+            pending = [_again(sent[r.metadata.reply_to_message_id]) for r in not_run]
+            time.sleep(RESEND_AFTER_S)
+
+
+def _again(message: Message) -> Message:
+    """A new Message with ``message``'s content and address (a Message is pushed once)."""
+    meta = message.metadata
+    return Message(message.content, meta.dst_node_id, meta.message_type, group_id=meta.group_id)
+
+
+class _FlowerNoise(logging.Filter):
+    """Flower's logs that fedsim says better or that nobody can act on: a message that failed in its backend
+    (an error and its traceback, per message: the error reply says it, and fedsim's round loop reports it),
+    and that ``run_simulation`` is deprecated (fedsim's choice, above)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        failed = (record.module, record.funcName) in {("vce_api", "worker"), ("raybackend", "process_message")}
+        deprecated = record.funcName == "warn_deprecated_feature" and "run_simulation" in str(record.args)
+        return not (failed or deprecated)
+
+
+@contextmanager
+def _flower_noise_dropped() -> Iterator[None]:
+    logger, noise = logging.getLogger("flwr"), _FlowerNoise()
+    logger.addFilter(noise)
+    try:
+        yield
+    finally:
+        logger.removeFilter(noise)
 
 
 def run_flower_simulation(experiment: Experiment, resume: bool = False) -> dict[str, Any]:
@@ -45,8 +137,7 @@ def run_flower_simulation(experiment: Experiment, resume: bool = False) -> dict[
 
     @server_app.main()
     def _main(grid: Grid, context: Context) -> None:
-        grid.pull_messages = _unless(stopped, grid.pull_messages)  # type: ignore[method-assign]
-        summary.update(run_server(grid, experiment, resume))
+        summary.update(run_server(RuntimeGrid(grid, stopped), experiment, resume))
 
     res = cfg.simulation.client_resources
     # Ray is started or joined here, not by Flower's backend: as every engine's (its processes never outlive
@@ -54,14 +145,14 @@ def run_flower_simulation(experiment: Experiment, resume: bool = False) -> dict[
     # sys.path to every node of a cluster as PYTHONPATH (paths that exist only on this machine)
     owned = init_ray(cfg.simulation)
     try:
-        with warnings.catch_warnings(), signals_deferred(stopped.set):
+        with warnings.catch_warnings(), signals_deferred(stopped.set), _flower_noise_dropped():
             warnings.simplefilter("ignore", DeprecationWarning)
             run_simulation(
                 server_app=server_app,
-                client_app=client_app,
+                client_app=ErrorReplies(client_app),
                 num_supernodes=cfg.train.num_clients,
-                backend_config={
-                    "client_resources": {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus},
+                backend_config={  # Flower passes these to its actors' options: a dead one's process is replaced
+                    "client_resources": {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus, "max_restarts": -1},
                 },
             )
     finally:

@@ -100,31 +100,31 @@ def phase_of(message: Message) -> str:
 
 
 class InlineExecutor:
-    """Runs every node's ClientApp in this process, one after another, a batch of messages within ``timeout_s``
-    (``train.round_timeout_s``; None: unbounded). A client that overruns it stops the run: it shares this
-    process's model, data and Flower state, and goes on in the background, so no later round could trust them."""
+    """Runs every node's ClientApp in this process, one after another, a batch of messages within the Grid's
+    timeout. A client that overruns it stops the run: it shares this process's model, data and Flower state, and
+    goes on in the background, so no later round could trust them."""
 
-    def __init__(
-        self, app: ClientApp, run_id: int, num_partitions: int, state_memory_mb: float, timeout_s: float | None = None
-    ) -> None:
-        self.app, self.timeout_s = app, timeout_s
+    def __init__(self, app: ClientApp, run_id: int, num_partitions: int, state_memory_mb: float) -> None:
+        self.app = app
         self.nodes = node_states(run_id, range(num_partitions), num_partitions, state_memory_mb)
 
     def node_ids(self) -> list[int]:
         return self.nodes.node_ids()
 
-    def execute(self, messages: Sequence[Message]) -> list[Message]:
-        if self.timeout_s is None or not messages:
+    def execute(self, messages: Sequence[Message], timeout: float | None = None) -> list[Message]:
+        """Every message's reply, in order, within ``timeout`` (the Grid's: ``train.round_timeout_s``; None:
+        unbounded)."""
+        if timeout is None or not messages:
             return deliver(self.app, messages, self.nodes)
         return call_within(
-            lambda: deliver(self.app, messages, self.nodes), self.timeout_s, lambda: self._overran(messages)
+            lambda: deliver(self.app, messages, self.nodes), timeout, lambda: self._overran(messages, timeout)
         )
 
-    def _overran(self, messages: Sequence[Message]) -> TrainingError:
+    def _overran(self, messages: Sequence[Message], timeout: float) -> TrainingError:
         late = [wire.node_partition(self.nodes.contexts[node]) for node in self.nodes.in_service]
         who = f"client{'s' * (len(late) > 1)} {', '.join(map(str, late))}" if late else "its clients"
         return TrainingError(
-            f"{phase_of(messages[0])}: {who} did not finish within train.round_timeout_s = {self.timeout_s:g} s; "
+            f"{phase_of(messages[0])}: {who} did not finish within train.round_timeout_s = {timeout:g} s; "
             "simulation.backend: inline runs clients in fedsim's own process, which cannot go on without one "
             "(simulation.backend: ray runs them in workers, and train.on_client_failure: skip leaves out one that "
             "overruns)"
@@ -177,4 +177,4 @@ class LocalGrid(Grid):
         return [self._replies.pop(i) for i in message_ids if i in self._replies]
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        return self.executor.execute(list(messages))
+        return self.executor.execute(list(messages), timeout)

@@ -3,19 +3,38 @@
 Each actor owns a fixed set of nodes (partition p goes to actor p mod A), so it decodes the data
 and builds the model once and keeps every one of its nodes' ``Context`` across rounds. A round
 sends each actor one batch of Messages and waits on the futures: no polling anywhere.
+
+A worker whose batch brings no replies (its process died: killed, out of memory, ``os._exit``; or it raised
+outside the ClientApp) answers every message of the batch with an error reply saying so; one silent past
+the round's timeout answers none. Either way the round loop applies ``train.on_client_failure`` to those
+clients, and the worker is stopped and replaced by a fresh one before its next batch: its clients' state
+(``Context.state``) went with it, so theirs starts empty again, as a client's that never trained (a warning
+says so once).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import ray
 from flwr.app import Message
+from ray import ObjectRef
+from ray.actor import ActorHandle
+from ray.exceptions import RayError
 
+from fedsim import wire
 from fedsim.config import SimulationConfig
 from fedsim.engines.local import deliver, node_id_of, node_states
+from fedsim.engines.lost_workers import how_lost
 from fedsim.engines.ray_cluster import init_ray
-from fedsim.errors import ConfigError
+from fedsim.errors import ConfigError, FedsimWarning
+
+START_S = 600.0  # a new worker's time to start, as discovery (fedsim.server.discovery) gives every node
+
+
+class ReplacedWorker(FedsimWarning):
+    """A Ray worker of the pool was lost and a fresh one serves its clients, their client state empty."""
 
 
 class _Worker:
@@ -68,27 +87,73 @@ class RayPoolExecutor:
             self.actors = []
             self.shutdown()
             raise
-        actor = ray.remote(num_cpus=sim.client_resources.num_cpus, num_gpus=sim.client_resources.num_gpus)(_Worker)
-        self.owner = {node_id_of(p): p % size for p in range(num_partitions)}
-        memory = sim.state_memory_mb / size  # the budget is the whole pool's
-        self.actors = [
-            actor.remote(run_id, list(range(a, num_partitions, size)), num_partitions, memory) for a in range(size)
-        ]
+        res = sim.client_resources
+        self._actor = ray.remote(num_cpus=res.num_cpus, num_gpus=res.num_gpus)(_Worker)
+        self._args = (run_id, num_partitions, sim.state_memory_mb / size)  # the memory budget is the whole pool's
+        self.partitions = [list(range(a, num_partitions, size)) for a in range(size)]
+        self.owner = {node_id_of(p): a for a, ps in enumerate(self.partitions) for p in ps}
+        self.actors: list[ActorHandle] = [self._start(a) for a in range(size)]
+        self.lost: dict[int, str] = {}  # actor -> how its worker was lost; replaced before its next batch
+        self.starting = set(range(size))  # actors whose first batch is still to come
         self._nodes = [node_id_of(p) for p in range(num_partitions)]
+
+    def _start(self, a: int) -> ActorHandle:
+        run_id, num_partitions, memory = self._args
+        return self._actor.remote(run_id, self.partitions[a], num_partitions, memory)
 
     def node_ids(self) -> list[int]:
         return list(self._nodes)
 
-    def execute(self, messages: Sequence[Message]) -> list[Message]:
-        """Every message's reply, in the messages' order."""
+    def execute(self, messages: Sequence[Message], timeout: float | None = None) -> list[Message]:
+        """The replies to ``messages``, in their order: a worker's own, or for each message of a batch whose
+        worker was lost meanwhile an error reply saying how; none for a batch still running after ``timeout``
+        seconds (that worker is stopped). A lost worker is replaced before its next batch."""
+        self._replace_lost()
         batches: dict[int, list[int]] = {}
         for i, m in enumerate(messages):
             batches.setdefault(self.owner[m.metadata.dst_node_id], []).append(i)
-        futures = [self.actors[a].execute.remote([messages[i] for i in idx]) for a, idx in batches.items()]
+        futures = {a: self.actors[a].execute.remote([messages[i] for i in idx]) for a, idx in batches.items()}
+        ready = self._wait(futures, timeout)
         replies: dict[int, Message] = {}
-        for idx, batch_replies in zip(batches.values(), ray.get(futures), strict=True):
-            replies.update(zip(idx, batch_replies, strict=True))
-        return [replies[i] for i in range(len(messages))]
+        for a, future in futures.items():
+            idx = batches[a]
+            if future not in ready:  # the round loop finds these replies missing and says after how long
+                self._lose(a, f"their Ray worker sent no reply within train.round_timeout_s = {timeout:g} s")
+                continue
+            try:
+                replies.update(zip(idx, ray.get(future), strict=True))
+            except RayError as err:
+                self._lose(a, how_lost(err))
+                replies.update((i, wire.failure_reply(messages[i], self.lost[a], wire.CLIENT_APP_CRASHED)) for i in idx)
+        return [replies[i] for i in sorted(replies)]
+
+    def _wait(self, futures: dict[int, ObjectRef], timeout: float | None) -> set[ObjectRef]:
+        """The batches done within ``timeout`` seconds, or a new worker's first within START_S more: its start-up
+        (its process, imports and data) is not the round's, or a replacement slower to start than a round
+        would be replaced again every round."""
+        ready = set(ray.wait(list(futures.values()), num_returns=len(futures), timeout=timeout)[0] if futures else [])
+        if starting := [f for a, f in futures.items() if a in self.starting and f not in ready]:
+            ready |= set(ray.wait(starting, num_returns=len(starting), timeout=START_S)[0])
+        self.starting -= futures.keys()
+        return ready
+
+    def _lose(self, a: int, how: str) -> None:
+        """Stop worker ``a`` (one that raised or hangs still runs, its clients' state no longer what the server
+        knows of them) for a fresh one before its next batch; ``how`` it was lost."""
+        ray.kill(self.actors[a])
+        self.lost[a] = how
+
+    def _replace_lost(self) -> None:
+        for a, how in sorted(self.lost.items()):
+            self.actors[a] = self._start(a)
+            self.starting.add(a)
+            clients = ", ".join(map(str, self.partitions[a]))
+            warnings.warn(
+                f"clients {clients}: {how}; a new one serves them, their client state (Context.state) starting empty",
+                ReplacedWorker,
+                stacklevel=2,
+            )
+        self.lost.clear()
 
     def shutdown(self) -> None:
         for a in self.actors:

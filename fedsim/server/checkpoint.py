@@ -50,7 +50,7 @@ from fedsim.rundir import (
     torch_write,
 )  # fmt: skip
 from fedsim.server.client_states import StateRecord, check_loaded, record_of, rounds_to_load
-from fedsim.server.replies import missing_replies
+from fedsim.server.replies import describe_failures, missing_replies
 
 # --- the server's checkpoint file ----------------------------------------------------------------
 
@@ -276,8 +276,9 @@ class Checkpointer:
         reasons = missing_replies(replies, everyone, self.partition_of_node, self.cfg.train.round_timeout_s)
         if reasons:
             verb = "save" if message_type == wire.SAVE_STATE else "load"
-            why = "; ".join(f"client {pid}: {reason}" for pid, reason in sorted(reasons.items()))
-            raise FedsimError(f"round {server_round}: clients could not {verb} their state: {why}")
+            raise FedsimError(
+                f"round {server_round}: clients could not {verb} their state: {describe_failures(reasons)}"
+            )
         return replies
 
     def _state_config(self, state_round: int) -> ConfigRecord:

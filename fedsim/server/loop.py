@@ -38,7 +38,7 @@ from fedsim.rundir import (
 from fedsim.server.checkpoint import Checkpoint, Checkpointer, set_rng_state
 from fedsim.server.contract import CheckedStrategy
 from fedsim.server.discovery import discover_partitions
-from fedsim.server.replies import divergence, good_replies, missing_replies
+from fedsim.server.replies import describe_failures, divergence, good_replies, missing_replies
 from fedsim.server.reporter import ClientScore, RoundReporter
 from fedsim.server.sampling import ClientSampler, EvalCadence
 from fedsim.server.strategy import ServerSetup, check_strategy
@@ -140,10 +140,7 @@ class RoundLoop:
         ordered = [addressed[self.node_of_partition[p]] for p in sent]
         replies = list(self.grid.send_and_receive(ordered, timeout=timeout))
         if missing := {**missing_replies(replies, sent, self.partition_of_node, timeout), **gone}:
-            alike: dict[str, list[str]] = {}  # clients failing for one reason (a normaliser's bug fails them all)
-            for p, reason in sorted(missing.items()):
-                alike.setdefault(reason, []).append(str(p))
-            why = "; ".join(f"client{'s' * (len(ps) > 1)} {', '.join(ps)}: {reason}" for reason, ps in alike.items())
+            why = describe_failures(missing)
             if self.cfg.train.on_client_failure == "fail":
                 raise TrainingError(
                     f"round {server_round}, {what}: {why} (train.on_client_failure: skip goes on without them)"
@@ -224,6 +221,7 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
     finally:
         reporter.progress.stop()
     summary = reporter.summary(done)
+    reporter.say_left_out()
     summary[DATA_FINGERPRINT] = data_sha256
     if cfg.output.save_model:
         summary[MODEL_CHECKSUM] = out.save_model(arrays.to_torch_state_dict())

@@ -35,6 +35,18 @@ def missing_replies(
     return {p: errors.get(p, silent) for p in expected if p not in answered}
 
 
+def describe_failures(reasons: dict[int, str]) -> str:
+    """Partition -> why it failed, as one line: clients with the same reason (one worker's, one SuperLink's)
+    named together."""
+    clients: dict[str, list[int]] = {}
+    for pid, reason in sorted(reasons.items()):
+        clients.setdefault(reason, []).append(pid)
+    return "; ".join(
+        f"client {pids[0]}: {reason}" if len(pids) == 1 else f"clients {', '.join(map(str, pids))}: {reason}"
+        for reason, pids in clients.items()
+    )
+
+
 def good_replies(replies: list[Message]) -> list[Message]:
     """The replies without an error, sorted by partition id."""
     return sorted((m for m in replies if not m.has_error()), key=wire.partition_of)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,11 +19,17 @@ from flwr.app import ArrayRecord
 from fedsim.arrays import load_arrays
 from fedsim.console import RoundProgress
 from fedsim.diagnostics import ProbeDiagnostics
-from fedsim.errors import TrainingError
+from fedsim.errors import FedsimWarning, TrainingError
 from fedsim.evaluation import evaluate
 from fedsim.experiment import Experiment
 from fedsim.rundir import RunDir, final_accuracies
 from fedsim.server.replies import evaluation_divergence
+
+SHOWN_ROUNDS = 5  # rounds named in the warning on clients left out; the rest are counted
+
+
+class ClientsLeftOut(FedsimWarning):
+    """A run under ``train.on_client_failure: skip`` finished without some clients in some rounds."""
 
 
 def resident_mb() -> float:
@@ -146,6 +153,21 @@ class RoundReporter:
     def _progressed(self, server_round: int, loss: float | None, acc: float | None) -> None:
         self.progress.update(server_round, loss, acc)
         self.out.write_progress(server_round, loss, acc)
+
+    def say_left_out(self) -> None:
+        """Once, at the end of a run: which rounds went on without which clients (``failed_clients`` in the
+        metrics lines, a resumed run's earlier lines included)."""
+        rounds = [(r, pids) for line in self.out.read_metrics() for r, pids in line.get("failed_clients", {}).items()]
+        if not rounds:
+            return
+        shown = "; ".join(f"round {r}: {', '.join(map(str, pids))}" for r, pids in rounds[:SHOWN_ROUNDS])
+        more = f"; and {len(rounds) - SHOWN_ROUNDS} more rounds" if len(rounds) > SHOWN_ROUNDS else ""
+        warnings.warn(
+            f"rounds that went on without clients that failed (train.on_client_failure: skip; failed_clients in "
+            f"metrics.jsonl): {shown}{more}",
+            ClientsLeftOut,
+            stacklevel=2,
+        )
 
     def summary(self, done_before: int) -> dict[str, Any]:
         """The run's summary (``summary.json``); ``done_before``: rounds a resumed run started after."""
