@@ -81,6 +81,7 @@ from fedsim.reading import SUMMARY_BYTES, read_text
 from fedsim.rundir import CHECKPOINT, NOT_LEARNING, SUMMARY, check_run_links, claimed, flatten, read_summary
 from fedsim.trackers import resolve_trackers
 
+OUTPUT = "--output (or the sweep file's output)"  # the sweep directory, as messages name it
 MAX_CELLS = 1_000  # each cell's config is built and validated before the first run (~2.5 ms and ~20 kB each)
 # and the most a file may raise max_cells to: 10,000 cells are ~200 MB of configs and ~25 s of validation before the
 # first run; max_cells: 10000000 (the refusal's own advice once) built cells for minutes using GBs
@@ -293,7 +294,7 @@ def plan(
     if not is_name(name):  # a file's name (the default) may be too long for a directory's
         raise ConfigError(f"sweep file {path}: its name {brief(name)} is not a directory name: set name: in the file")
     out = Path(output if output is not None else sweep.output) / name
-    check_not_in_a_run(out, "--output (or the sweep file's output)")
+    check_not_in_a_run(out, OUTPUT)
     fixed = [*(_override(k, v) for k, v in sweep.set.items()), *overrides]
     cells = expand(sweep)
     _check_names(cells, path)
@@ -437,7 +438,7 @@ def claimed_sweep(out: Path, cells: list[str]) -> Iterator[None]:
     check_links(out, cells, deep=False)
     for cell in cells:
         check_run_links(out / cell)
-    with claimed(out, resume=True, field="sweep directory", owner="sweep", entries=[FAILED]):  # nothing cleared
+    with claimed(out, resume=True, field=OUTPUT, owner="sweep", entries=[FAILED]):  # nothing cleared
         yield
 
 

@@ -10,6 +10,7 @@ that makes the files a case needs (bad data, plugins, run directories).
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 import tarfile
 import zlib
@@ -109,11 +110,11 @@ CASES: dict[str, Case] = {
     "output-dir-is-a-file": run("output.dir={tmp}/afile", expect=("output.dir", "is a file"), setup="a_file"),
     "run-dir-is-a-file": run("output.run_dir={tmp}/afile", expect=("output.run_dir", "is a file"), setup="a_file"),
     "run-dir-unmakeable": run("output.run_dir=/proc/fedsim-x", expect=("output.run_dir", "cannot create")),
-    "tensorboard-dir-is-a-file": run(
-        "output.run_dir={tmp}/rd",
-        "output.trackers=[tensorboard]",
-        expect=("output.trackers (tensorboard's tb/ directory)", "is a file"),
-        setup="tb_file",
+    # a fresh run clears a killed run's tb/ (what is in the way there included): a resumed one keeps it
+    "tensorboard-dir-is-a-file": Case(
+        ("run", "--resume", "{tmp}/rd"),
+        ("output.trackers (tensorboard's tb/ directory)", "is a file"),
+        setup="stopped_run_tb_file",
         creates=True,
     ),  # fmt: skip
     "tracker-unknown": run("output.trackers=[mlfow]", expect=("output.trackers[0].name", "unknown trackers 'mlfow'")),
@@ -342,7 +343,9 @@ CASES: dict[str, Case] = {
         ("sweep", "{tmp}/sweep.yaml", "--set", "seed=3"), ("the sweep varies 'seed'",), setup="sweep"
     ),  # fmt: skip
     "sweep-output-a-file": Case(
-        ("sweep", "{tmp}/sweep.yaml", "--output", "{tmp}/afile"), ("sweep's output", "a file"), setup="sweep_and_file"
+        ("sweep", "{tmp}/sweep.yaml", "--output", "{tmp}/afile"),
+        ("--output (or the sweep file's output)", "a file"),
+        setup="sweep_and_file",
     ),  # fmt: skip
     "sweep-output-inside-a-run": Case(
         ("sweep", "{tmp}/sweep.yaml", "--output", "{tmp}/rd"),
@@ -633,10 +636,15 @@ def _another_layout_checkpoint(tmp: Path) -> None:
     (tmp / "rd" / "summary.json").unlink()
 
 
-def _tb_file(tmp: Path) -> None:
-    (tmp / "rd").mkdir()
-    (tmp / "rd" / ".fedsim").write_text("run\n")  # fedsim's own directory (fedsim.ownership), a file in the way
-    (tmp / "rd" / "tb").write_text("not a directory")
+def _stopped_run_tb_file(tmp: Path) -> None:
+    """A run stopped after its last checkpoint, with a file where its tensorboard tracker's tb/ directory was."""
+    run_dir = tmp / "rd"
+    output = {"run_dir": str(run_dir), "checkpoint_every": 1, "trackers": ["tensorboard"]}
+    cfg = small_config(tmp, train={"rounds": 2}, eval={"every": 1}, output=output)
+    assert main(["run", str(write_config(tmp, cfg, "rd.yaml"))]) == 0
+    (run_dir / "summary.json").unlink()
+    shutil.rmtree(run_dir / "tb")
+    (run_dir / "tb").write_text("not a directory")
 
 
 def _broken_run_config(tmp: Path) -> None:

@@ -278,6 +278,7 @@ def test_bad_override_syntax(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert code == 2 and "key.path=value" in err
 
 
+@pytest.mark.slow
 def test_cli_process_exit_code_and_no_traceback(tmp_path: Path) -> None:
     path = write_config(tmp_path, small_config(tmp_path, train={"lr": -1}))
     proc = subprocess.run(

@@ -488,6 +488,7 @@ def test_stream_draws_every_permutation_first_then_augments(n: int, batch_size: 
     assert all(torch.equal(x, w) for (x, _), w in zip(got, want, strict=True))
 
 
+@pytest.mark.slow
 def test_stream_holds_one_permutation_not_the_rounds_whole_index() -> None:
     # train.local_steps=1000000 with batch_size=4000 built 32 GB of indices before the first step; here
     # 100,000 steps of 500 (400 MB of int64 indices up front, 800 MB at the peak) in a fresh process

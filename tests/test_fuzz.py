@@ -149,6 +149,7 @@ RAW_YAML = st.one_of(
 
 @fuzzed
 @given(key=st.sampled_from(KEYS), text=RAW_YAML)
+@pytest.mark.slow
 def test_set_raw_yaml_text(
     tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], key: str, text: str
 ) -> None:
@@ -223,6 +224,7 @@ def test_corrupted_config_text(
 
 @fuzzed
 @given(data=st.data())
+@pytest.mark.slow
 def test_corrupted_dataset_files(
     tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], data: st.DataObject
 ) -> None:

@@ -73,17 +73,19 @@ ENGINES: dict[str, list[str]] = {
     "ray-pool": ["simulation.backend=ray"],
     "flower": ["engine=flower"],
 }
-# The README's suite runs every case inline and the other engines on the cases whose state they route
-# differently (SCAFFOLD's control variates and FedBN's local tensors, partial participation); the rest
-# of the grid is marked `grid` (minutes), left out of the suite and run by CI after it (.ci/run).
-IN_SUITE = {(case, "inline") for case in CASES} | {
+# The README's quick suite runs FedAvg and SCAFFOLD (client state, partial participation) inline; the other
+# cases inline, and the other engines on the cases whose state they route differently (SCAFFOLD's control
+# variates and FedBN's local tensors, partial participation), are `slow` (CI runs them after the quick suite);
+# the rest of the grid is marked `grid` (minutes), run by CI after those (.ci/run).
+QUICK = {("fedavg", "inline"), ("scaffold-partial", "inline")}
+SLOW = {(case, "inline") for case in CASES} - QUICK | {
     ("scaffold-partial", "ray-pool"), ("fedbn", "ray-pool"),
     ("scaffold-partial", "flower"), ("fedavgm-partial", "flower"),
 }
 GRID = [
     pytest.param(
         case, engine,
-        marks=pytest.mark.grid if (case, engine) not in IN_SUITE else () if engine == "inline" else pytest.mark.slow,
+        marks=() if (case, engine) in QUICK else pytest.mark.slow if (case, engine) in SLOW else pytest.mark.grid,
     )
     for engine in ENGINES for case in CASES
 ]  # fmt: skip
@@ -207,6 +209,7 @@ OTHER_CPU = REPO.parent / "shared" / "golden-other-cpu"
 
 
 @pytest.mark.skipif(not OTHER_CPU.is_dir(), reason=f"no {OTHER_CPU} (recordings of these cases on another CPU)")
+@pytest.mark.slow
 def test_two_cpu_kinds_recordings_pass_the_other_kind_comparison(tmp_path: Path) -> None:
     """The comparison for another CPU kind accepts what another kind really computes (the same cases
     recorded on an AVX2 machine beside this directory's), and still refuses a change of the numbers

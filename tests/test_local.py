@@ -42,6 +42,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(run(load_config(QUICKSTART, overrides))["run_dir"])
 
 
+@pytest.mark.slow
 def test_one_client_alone_overfits_its_class(finished_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["local", str(finished_run), "--client", "3", "--steps", "12", "--every", "4"]) == 0
     out = finished_run / "local-3"
@@ -127,6 +128,7 @@ def test_missing_or_unfinished_run_is_one_line(tmp_path: Path, capsys: pytest.Ca
     assert f"fedsim run --resume {unfinished}" in err[0] and not (unfinished / "local-0").exists()
 
 
+@pytest.mark.slow
 def test_set_changes_the_local_training_and_a_model_that_does_not_fit_is_one_line(
     finished_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -172,6 +174,7 @@ def test_another_request_never_replaces_a_continuation(finished_run: Path, capsy
     assert json.loads((out / "local.json").read_text()) == request and not (out / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_a_continuation_of_another_model_than_its_runs_is_refused(
     finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -314,6 +317,7 @@ LOCAL_REQUEST = {
         (json.dumps([LOCAL_REQUEST]), "the top level: Input should be a valid dictionary or instance of LocalRequest"),
     ],
 )
+@pytest.mark.slow
 def test_plot_of_a_continuation_fedsim_did_not_write_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, problem: str
 ) -> None:

@@ -36,6 +36,7 @@ def fedavg_run(tmp_path: Path, norm: str, backend: str) -> dict:  # type: ignore
 
 
 @pytest.mark.parametrize("norm", [e.name for e in NORMS])
+@pytest.mark.slow
 def test_every_norm_trains_under_fedavg(tmp_path: Path, norm: str) -> None:
     metrics = fedavg_run(tmp_path, norm, "inline")
     assert math.isfinite(metrics["train_loss"]) and metrics["client_mean_acc"] is not None

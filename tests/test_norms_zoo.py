@@ -225,6 +225,7 @@ def test_goldschmidt_delta_guard() -> None:
         create_norm("ln_goldschmidt", {"delta_range": [0.5, 4.0]})
 
 
+@pytest.mark.slow
 def test_goldschmidt_trains() -> None:
     """One SGD step can move v ~10x past the running estimate; the δ guard keeps training finite."""
     model = build("mlp", "ln_goldschmidt", hidden=[64, 64])

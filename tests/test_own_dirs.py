@@ -123,6 +123,7 @@ WRITES = {"report": ["results.csv", "results.md", "accuracy.png"], "plot": ["acc
 
 
 @pytest.mark.parametrize("command", ["report", "plot"])
+@pytest.mark.slow
 def test_report_and_plot_write_only_into_directories_of_fedsims_own(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: str
 ) -> None:

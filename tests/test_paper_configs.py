@@ -66,6 +66,7 @@ def test_every_paper_sweep_is_checked() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.slow
 def test_paper_sweep_plans_at_the_paper_budget(name: str) -> None:
     runs, dataset, clients, steps, lrs = EXPECTED[name]
     out, cells = plan(PAPER / name)
@@ -231,6 +232,7 @@ def test_a_diverged_cell_does_not_stop_the_sweep(tmp_path: Path, monkeypatch: py
     assert "norm=ln: failed: training diverged" in lines[1] and "norm=fn: client-mean acc 0.5" in lines[2]
 
 
+@pytest.mark.slow
 def test_a_paper_cell_reruns_to_identical_numbers(tmp_path: Path) -> None:
     """One cell of Table 10 (SCAFFOLD: client state across rounds), shrunk to MNIST and 2 rounds, run by
     the sweep's planner and then again in a fresh process with docs/paper.md's rerun command."""

@@ -168,6 +168,7 @@ def looks_like_lnfl(sample: np.ndarray, reference: np.ndarray) -> tuple[float, f
     return chi2, z[0], z[1]
 
 
+@pytest.mark.slow
 def test_n_class_draw_has_lnfl_statistics_over_100_seeds() -> None:
     """N = C = 10, k = 2: class sets overlap and are mostly all different, as LN-FL draws them."""
     rnd = random.Random(20240613)
@@ -282,7 +283,11 @@ def test_dirichlet_impossible_min_size_raises() -> None:
         DataError, match=r"min_size=95.*max_tries=5 tries.*beta=0\.05.*raise max_tries \(at most 10,000\)"
     ):
         split("dirichlet", 10, seed=0, beta=0.05, min_size=95, max_tries=5)
-    # at the bound on max_tries the advice no longer says to raise it
+
+
+@pytest.mark.slow
+def test_dirichlet_min_size_at_the_bound_on_max_tries_advises_no_more_tries() -> None:
+    """At the bound on max_tries (10,000 draws) the advice no longer says to raise it."""
     with pytest.raises(DataError, match=r"max_tries=10000 tries.*100 train samples per client.*lower min_size$"):
         split("dirichlet", 10, seed=0, beta=0.05, min_size=95, max_tries=MAX_TRIES)
 

@@ -33,7 +33,8 @@ ROUND_TIMEOUT_S = 5  # short enough to wait for, long enough for a round of the 
 
 def misbehaving(tmp_path: Path, **sections: Any) -> dict[str, Any]:
     """The small config evaluated and checkpointed every round: what round 1 recorded is there to keep."""
-    return small_config(tmp_path, eval={"every": 1}, output={"checkpoint_every": 1}, **sections)
+    output = {"checkpoint_every": 1, "run_dir": str(tmp_path / "run")}
+    return small_config(tmp_path, eval={"every": 1}, output=output, **sections)
 
 
 def in_client(how: str, **options: Any) -> dict[str, Any]:
@@ -44,8 +45,7 @@ def fedsim_run(tmp_path: Path, cfg: dict[str, Any]) -> tuple[subprocess.Complete
     """``fedsim run`` of ``cfg`` in a process of its own: the finished process and its run directory."""
     cmd = [sys.executable, "-m", "fedsim.cli", "run", str(write_config(tmp_path, cfg))]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=SPAWN_TIMEOUT_S)
-    (run_dir,) = (tmp_path / "runs").iterdir()
-    return proc, run_dir
+    return proc, Path(cfg["output"]["run_dir"])
 
 
 def the_error(proc: subprocess.CompletedProcess[str]) -> str:
@@ -102,7 +102,7 @@ def test_a_normaliser_that_exits_in_forward_fails_the_run_naming_it(tmp_path: Pa
         "called sys.exit(0) at misbehaving.py:" in error
     ), error
     assert error.count("PluginExit") == 1
-    assert (run_dir / "config.yaml").is_file() and not (run_dir / "metrics.jsonl").exists()
+    assert not run_dir.exists()  # it recorded nothing: the run directory it made is taken back
 
 
 @pytest.mark.slow
@@ -145,7 +145,7 @@ def test_an_inline_client_that_overruns_stops_the_run_even_under_skip(tmp_path: 
 
 @pytest.mark.slow
 def test_threads_a_plugin_leaves_do_not_keep_fedsim_run_alive(tmp_path: Path) -> None:
-    cfg = small_config(tmp_path, model={"name": "mlp", "norm": f"{PLUGINS}:LeavesThread", "hidden": [64]})
+    cfg = misbehaving(tmp_path, model={"name": "mlp", "norm": f"{PLUGINS}:LeavesThread", "hidden": [64]})
     started = time.monotonic()
     proc, run_dir = fedsim_run(tmp_path, cfg)
     assert proc.returncode == 0, proc.stderr

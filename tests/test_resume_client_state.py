@@ -69,6 +69,7 @@ def refused(run_dir: Path, capsys: pytest.CaptureFixture[str], problems: list[st
 
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("strategy", list(STATEFUL))
+@pytest.mark.slow
 def test_resume_refuses_client_state_missing_another_runs_or_another_rounds(
     tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -121,6 +122,7 @@ def without_record(run_dir: Path) -> None:
 
 
 @pytest.mark.usefixtures("one_thread")
+@pytest.mark.slow
 def test_a_checkpoint_without_the_record_resumes_without_client_state_and_refuses_what_it_cannot_check(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -146,6 +148,7 @@ def test_a_checkpoint_without_the_record_resumes_without_client_state_and_refuse
 
 
 @pytest.mark.usefixtures("one_thread")
+@pytest.mark.slow
 def test_partitions_without_state_at_the_checkpoint_resume_empty_whatever_files_lie_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -138,6 +138,7 @@ def test_cifar10_paper_config_runs(tmp_path: Path, cifar_cache: Path) -> None:
     assert metrics["round"] == 1 and len(metrics["per_class_acc"]) == 10
 
 
+@pytest.mark.slow
 def test_built_wheel_installs_strategies_and_partitions_as_subpackages(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(REPO)],

@@ -293,22 +293,29 @@ def test_runs_gathered_by_symlink_are_read_each_once(
 
 
 def stopped_before_its_first_evaluation(root: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A run of :func:`finished`'s config and ``seed`` interrupted in round 1 (Ctrl-C), before its first
-    evaluation (round 2): a seed of a sweep under way."""
+    """A run of :func:`finished`'s config and ``seed`` interrupted in round 2 (Ctrl-C), after its checkpoint of
+    round 1 and before its first evaluation (round 2): a seed of a sweep under way. (Interrupted before its
+    first checkpoint, it recorded nothing and its directory is taken back: fedsim.rundir.take_back.)"""
     from fedsim.server.reporter import RoundReporter
 
-    def interrupted(*args: object) -> None:
-        raise KeyboardInterrupt
+    trained = RoundReporter.trained
+
+    def interrupted_in_round_2(self: RoundReporter) -> None:
+        if (run_dir / "checkpoint.pt").exists():
+            raise KeyboardInterrupt
+        trained(self)
 
     run_dir = root / f"seed{seed}"
-    monkeypatch.setattr(RoundReporter, "round_done", interrupted)
+    monkeypatch.setattr(RoundReporter, "trained", interrupted_in_round_2)
+    output = {"run_dir": str(run_dir), "checkpoint_every": 1}
     with pytest.raises(KeyboardInterrupt):
-        run(parse_config(small_config(root, seed=seed, train={"rounds": 5}, output={"run_dir": str(run_dir)})))
+        run(parse_config(small_config(root, seed=seed, train={"rounds": 5}, output=output)))
     monkeypatch.undo()
     assert not (run_dir / "metrics.jsonl").exists()
     return run_dir
 
 
+@pytest.mark.slow
 def test_a_seed_not_evaluated_yet_is_left_out_of_its_mean_and_said(
     finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -352,6 +359,7 @@ def test_seeds_that_share_no_evaluated_round_are_said_not_dropped(
     )
 
 
+@pytest.mark.slow
 def test_seeds_trained_on_other_data_are_refused_not_averaged(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -441,6 +449,7 @@ def test_an_unfinished_runs_metrics_are_checked_as_far_as_progress_covers_them(
     assert read_run(run_dir)["metrics"][2] == lines(finished / "seed1")[2] != own[2]
 
 
+@pytest.mark.slow
 def test_a_resume_that_fails_leaves_the_stopped_runs_lines_held_to_its_checkpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

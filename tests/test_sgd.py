@@ -44,6 +44,7 @@ def test_local_sgd_is_torch_sgd_to_the_bit(momentum: float, weight_decay: float)
     assert torch.equal(ours[3], ours[4])  # a parameter without a gradient is left alone, as torch leaves it
 
 
+@pytest.mark.slow
 def test_a_run_never_imports_torch_dynamo(tmp_path: Path) -> None:
     code = (
         "import sys\n"

@@ -203,6 +203,7 @@ def test_a_signal_while_fedsim_waits_on_a_ray_address_ends_it_at_once(tmp_path: 
     assert_all_gone(seen)
 
 
+@pytest.mark.slow
 def test_output_to_a_reader_that_stopped_is_quiet() -> None:
     """``fedsim list | head -1``: SIGPIPE's status (141), no BrokenPipeError traceback. The pipe's reader is
     gone before fedsim writes anything, so the first write fails on any machine, however fast."""

@@ -59,7 +59,7 @@ class Clients:
     def node_ids(self) -> list[int]:
         return [node_id_of(p) for p in self.states]
 
-    def execute(self, messages: list[Message]) -> list[Message]:
+    def execute(self, messages: list[Message], timeout: float | None = None) -> list[Message]:
         replies = []
         for m in messages:
             pid = m.metadata.dst_node_id - 1

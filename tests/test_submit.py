@@ -65,6 +65,7 @@ def run_args(tmp_path: Path, rounds: int = 2) -> list[str]:
             "--run-dir", str(tmp_path / "run"), "--rounds", str(rounds)]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_an_unreachable_superlink_is_shown_and_given_up_on(tmp_path: Path) -> None:
     env = fake_flwr(tmp_path, {"ls": REFUSED})
     t0 = time.monotonic()
@@ -91,6 +92,7 @@ def write_run(run_dir: Path, rounds: int) -> None:
 
 @pytest.mark.parametrize(("status", "code"), [("finished:completed", 0), ("finished:failed", 1),
                                                ("finished:stopped", 1)])  # fmt: skip
+@pytest.mark.slow
 def test_exit_status_is_the_runs_outcome(tmp_path: Path, status: str, code: int) -> None:
     write_run(tmp_path / "run", 2)  # as if the ServerApp wrote it while the log streamed
     env = fake_flwr(tmp_path, {
@@ -106,6 +108,7 @@ def test_exit_status_is_the_runs_outcome(tmp_path: Path, status: str, code: int)
     assert "log 7 fedsim --stream" in calls(tmp_path)
 
 
+@pytest.mark.slow
 def test_rounds_and_summary_appear_in_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fedsim.deploy import submit as program
 
@@ -162,6 +165,7 @@ def test_resume_submits_the_run_config_with_fedsim_resume_and_leaves_the_run_dir
     assert not (run_dir / "progress.json").exists()  # the killed run's last round is not shown as this one's
 
 
+@pytest.mark.slow
 def test_registering_again_is_not_an_error(tmp_path: Path) -> None:
     env = fake_flwr(tmp_path, {
         "ls": {"success": True, "runs": []},
@@ -174,6 +178,7 @@ def test_registering_again_is_not_an_error(tmp_path: Path) -> None:
     assert "registered /keys/supernode-1.pub" in res.stdout
 
 
+@pytest.mark.slow
 def test_a_refused_registration_fails(tmp_path: Path) -> None:
     env = fake_flwr(tmp_path, {
         "ls": {"success": True, "runs": []},
@@ -183,6 +188,7 @@ def test_a_refused_registration_fails(tmp_path: Path) -> None:
     assert res.returncode == 2 and "fedsim submit: error: Invalid public key" in res.stdout
 
 
+@pytest.mark.slow
 def test_sigterm_stops_it_at_once_as_pid_1(tmp_path: Path) -> None:
     """In a PID namespace of its own, as in a container: PID 1 ignores a signal it has no handler for."""
     if shutil.which("unshare") is None or os.geteuid() != 0:

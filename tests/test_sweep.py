@@ -104,6 +104,7 @@ def test_sweep_runs_grid_skips_finished_and_reports(tmp_path: Path) -> None:
     assert (tmp_path / "plots" / "accuracy.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_report_plots_final_accuracy_against_a_swept_key(tmp_path: Path) -> None:
     from fedsim.errors import FedsimError
     from fedsim.plots import plot_final_vs

@@ -101,6 +101,7 @@ def test_tensorboard_scalars_read_back(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="pip install 'fedsim[mlflow]'")
+@pytest.mark.slow
 def test_mlflow_store_read_back_with_mlflows_client(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -119,6 +120,7 @@ def test_mlflow_store_read_back_with_mlflows_client(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="pip install 'fedsim[wandb]'")
+@pytest.mark.slow
 def test_wandb_offline_run_read_back_with_wandbs_reader(tmp_path: Path) -> None:
     run = tracked_run(tmp_path, "wandb")
     (log,) = (run.dir / "wandb").glob("offline-run-*/run-*.wandb")
@@ -139,6 +141,7 @@ def test_wandb_offline_run_read_back_with_wandbs_reader(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="pip install 'fedsim[mlflow]'")
+@pytest.mark.slow
 def test_a_resumed_run_continues_its_mlflow_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from flwr.app import ArrayRecord
     from mlflow.tracking import MlflowClient

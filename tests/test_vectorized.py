@@ -148,6 +148,7 @@ def test_clients_trained_together_match_one_at_a_time(
     assert_same_training(one, together, m1, m4, images, MLP_LOSS_RTOL)
 
 
+@pytest.mark.slow
 def test_paper_cnn_groups_of_three_and_a_client_alone_match(tmp_path: Path, stacked_steps: list[int]) -> None:
     # 4 clients, vmap_clients 3: one vmapped group of three (convolutions under vmap) and one client alone
     one, together, m1, m3, images = run_both(tmp_path, 3, model={"name": "cnn", "norm": "ln"})

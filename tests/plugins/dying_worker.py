@@ -1,15 +1,17 @@
 """Test plugin strategies whose client, in a Ray worker, ends that worker's process at a chosen round and
 partition: FedAvg (``tests.plugins.dying_worker:DyingFedAvg``) or SCAFFOLD (``...:DyingScaffold``) otherwise,
 number for number. The environment variable ``FEDSIM_TEST_WORKER_END`` says when and how:
-``ROUND:PARTITION:exit`` calls ``os._exit(1)`` as the client begins that round; ``ROUND:PARTITION:hang:DIR``
-writes the process id to ``DIR/<partition>.pid`` and sleeps (for a test to SIGKILL it from outside, or for
-``train.round_timeout_s`` to end). Unset: the strategy computes exactly what its base does, so a run resumed
-without the variable continues the run that had it. Ray's workers inherit the variable from the process that
-starts Ray."""
+``ROUND:PARTITION:exit`` ends the worker's process with SIGKILL as the client begins that round (as the
+OOM killer would; ``os._exit`` in plugin code is a failure naming the plugin instead, fedsim.plugin_guard);
+``ROUND:PARTITION:hang:DIR`` writes the process id to ``DIR/<partition>.pid`` and sleeps (for a test to
+SIGKILL it from outside, or for ``train.round_timeout_s`` to end). Unset: the strategy computes exactly
+what its base does, so a run resumed without the variable continues the run that had it. Ray's workers
+inherit the variable from the process that starts Ray."""
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -28,7 +30,7 @@ def end_worker_if_asked(info: RoundInfo) -> None:
     if len(when) < 3 or (int(when[0]), int(when[1])) != (info.server_round, info.partition_id):
         return
     if when[2] == "exit":
-        os._exit(1)
+        os.kill(os.getpid(), signal.SIGKILL)
     Path(when[3], f"{info.partition_id}.pid").write_text(str(os.getpid()))
     time.sleep(3600)
 
