@@ -25,7 +25,8 @@ import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from fedsim.errors import LinkError, WriteError
+from fedsim.errors import FedsimError, LinkError, WriteError
+from fedsim.reading import kind_of
 
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _NO_LINK = os.O_NOFOLLOW | os.O_CLOEXEC
@@ -37,9 +38,10 @@ def unwritten(path: Path, err: OSError) -> WriteError:
     return WriteError(f"cannot write {path}: {strerror}; what was written before it is kept", path, strerror)
 
 
-def _refusal(path: Path, info: os.stat_result, target: str = "") -> LinkError | None:
+def _refusal(path: Path, info: os.stat_result, target: str = "") -> FedsimError | None:
     """Why the entry ``path`` (``info``: its own status, not its target's) may not be written through: a
-    symbolic link (to ``target``), or a file of more than one name; else None."""
+    symbolic link (to ``target``), a file of more than one name, or a FIFO, socket or device (opening a FIFO
+    to write waits for a reader forever, and its reader gets what is written); else None."""
     if stat.S_ISLNK(info.st_mode):
         return LinkError(
             f"{path} is a symbolic link (to {target}) in a directory of fedsim's, which never writes or deletes "
@@ -50,6 +52,12 @@ def _refusal(path: Path, info: os.stat_result, target: str = "") -> LinkError | 
             f"{path} is one of {info.st_nlink} names of one file (a hard link) in a directory of fedsim's, which "
             "would write into every name: remove this name, or put a copy of the file there"
         )
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+        kind = kind_of(info.st_mode)
+        return WriteError(
+            f"{path} is {kind} in a directory of fedsim's, where it writes only files and directories: remove it",
+            path, kind,
+        )  # fmt: skip
     return None
 
 
@@ -137,18 +145,20 @@ def write_file(
 
 
 def open_file(path: Path, flags: int, root: Path | None = None, mode: int = 0o644) -> int:
-    """A descriptor of the file ``path`` opened with ``flags`` (``os.O_CREAT``: made if missing, with ``mode``),
-    never through a link; the caller closes it."""
+    """A descriptor of the regular file ``path`` opened with ``flags`` (``os.O_CREAT``: made if missing, with
+    ``mode``), never through a link; the caller closes it. Opened without blocking, so that a FIFO put there
+    is refused rather than waited on."""
     with _directory(path.parent, root or path.parent) as directory:
         try:
-            fd = os.open(path.name, flags | _NO_LINK, mode, dir_fd=directory)
-        except OSError:
+            fd = os.open(path.name, flags | _NO_LINK | os.O_NONBLOCK, mode, dir_fd=directory)
+        except OSError:  # ELOOP: a symbolic link; ENXIO: a FIFO that nobody reads
             _check_entry(path, directory)
             raise
     info = os.fstat(fd)
-    if (refusal := _refusal(path, info)) is not None:  # a hard link
+    if (refusal := _refusal(path, info)) is not None:  # a hard link; a FIFO put there since it was looked at
         os.close(fd)
         raise refusal
+    os.set_blocking(fd, True)
     return fd
 
 
@@ -195,7 +205,7 @@ def check_links(root: Path, names: Iterable[str] | None = None, deep: bool = Tru
     link found there stops it before anything is written."""
     try:
         fd = os.open(root, _DIRECTORY)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing there to hold a link: the caller's make_dir says why
         return
     except OSError as err:
         raise WriteError(f"cannot look into {root}: {err.strerror}", root, err.strerror or str(err)) from err

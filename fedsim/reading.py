@@ -32,7 +32,8 @@ SUMMARY_BYTES = 16 * MIB  # summary.json, progress.json, local.json, error.txt, 
 METRICS_BYTES = GIB  # metrics.jsonl: 10,000 evaluations of a few KiB each stay well below it
 
 
-def _kind(mode: int) -> str:
+def kind_of(mode: int) -> str:
+    """What a file that is not a regular one is, for messages."""
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISSOCK, "a socket")):  # fmt: skip
@@ -51,7 +52,7 @@ def check_source(path: str | Path, what: str, error: type[FedsimError] = ConfigE
     except OSError as err:
         raise error(f"{what} {path}: cannot read it ({err.strerror})") from err
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        raise error(f"{what} {path}: {_kind(mode)}, not a file or a directory fedsim can read")
+        raise error(f"{what} {path}: {kind_of(mode)}, not a file or a directory fedsim can read")
 
 
 @contextmanager
@@ -67,7 +68,7 @@ def _regular(path: str | Path, what: str, limit: int, error: type[FedsimError]) 
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise error(f"{what} {path}: {_kind(info.st_mode)}, not a regular file")
+            raise error(f"{what} {path}: {kind_of(info.st_mode)}, not a regular file")
         if info.st_size > limit:
             raise error(f"{what} {path}: {info.st_size:,} bytes; fedsim reads at most {limit:,} for it")
         os.set_blocking(fd, True)

@@ -20,6 +20,8 @@ import torch
 import yaml
 
 from fedsim.cli import main
+from fedsim.errors import WriteError
+from fedsim.files import open_file
 from tests.conftest import REPO, small_config, write_config
 from tests.test_resume import killed_at
 
@@ -246,3 +248,30 @@ def test_a_link_under_a_supernodes_state_dir_is_refused_as_the_node_saves(
         (state_dir / entry).unlink()
         target.rmdir()
         (state_dir / "run-key").mkdir(exist_ok=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", [".lock", "progress.json", "client_state/partition-0/round-1.bin"])
+def test_a_fifo_among_a_stopped_runs_files_stops_its_resume_in_one_line(
+    stopped: Path, tmp_path: Path, entry: str
+) -> None:
+    """Another writer of the filesystem: a FIFO (named pipe) among what fedsim writes in a run directory is
+    refused in one line naming it before anything is written, as a link is (at a stopped run's ``.lock``, the
+    resume's ftruncate of it failed, EINVAL; a deploy's log opened to append waited for a reader)."""
+    run_dir = copied(stopped, tmp_path)
+    (run_dir / entry).unlink()
+    os.mkfifo(run_dir / entry)
+    before = snapshot(run_dir)
+    proc = fedsim("run", "--resume", str(run_dir))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.startswith(f"fedsim: error: {run_dir / entry} is a FIFO (named pipe) in a directory of fedsim's")
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert snapshot(run_dir) == before
+
+
+def test_a_fifo_in_place_of_a_log_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """fedsim.files.open_file, as ``fedsim deploy`` opens its processes' logs to append to: a FIFO there, which
+    nobody reads, is one error naming it at once (opening it to write waited for a reader forever)."""
+    os.mkfifo(tmp_path / "superlink.log")
+    with pytest.raises(WriteError, match=r"superlink\.log is a FIFO \(named pipe\) in a directory of fedsim's"):
+        open_file(tmp_path / "superlink.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
