@@ -48,6 +48,7 @@ def shim(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["flwr-clientapp", *args], env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_the_shim_is_flowers_command_run_in_a_forked_process(shim_env: dict[str, str]) -> None:
     shim_path = Path(shim_env["PATH"].split(os.pathsep)[0]) / "flwr-clientapp"
     assert shim_path.read_text().startswith(f"#!{sys.executable} -S\n")
@@ -58,6 +59,7 @@ def test_the_shim_is_flowers_command_run_in_a_forked_process(shim_env: dict[str,
     assert "no fork server" not in ok.stderr + bad.stderr  # both served by the fork server
 
 
+@pytest.mark.slow
 def test_a_fork_starts_in_a_fraction_of_a_fresh_process(shim_env: dict[str, str]) -> None:
     """Served warm, ``flwr-clientapp --help`` takes tens of milliseconds; a fresh one imports Flower first."""
     shim(shim_env, "--help")  # the server is ready (its imports done) once it has served one
@@ -75,6 +77,7 @@ def test_a_fork_starts_in_a_fraction_of_a_fresh_process(shim_env: dict[str, str]
 NEVER_ANSWERED = ["--runtime-api-address", "127.0.0.1:9", "--token", "t", "--insecure"]  # retries until stopped
 
 
+@pytest.mark.slow
 def test_a_killed_shim_takes_its_task_with_it(served: tuple[dict[str, str], int], tmp_path: Path) -> None:
     """The SuperExec stopping a task's process stops the task: the forked process gets the signal and ends, or
     begins Flower's exit (it logs "Task stopped." on the shim's stderr, which is the task's)."""
@@ -92,6 +95,7 @@ def test_a_killed_shim_takes_its_task_with_it(served: tuple[dict[str, str], int]
     assert proc.wait(timeout=120) in (0, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_a_shim_gone_unread_neither_stops_the_server_nor_leaves_its_task(
     served: tuple[dict[str, str], int], tmp_path: Path
 ) -> None:
@@ -113,6 +117,31 @@ def test_a_shim_gone_unread_neither_stops_the_server_nor_leaves_its_task(
     assert identity(served[1])
 
 
+@pytest.mark.slow
+def test_a_connection_that_sends_nothing_or_half_a_request_holds_no_task_up(
+    served: tuple[dict[str, str], int],
+) -> None:
+    """One process serves every task of a node: a peer that connects and sends nothing, or the start of a
+    request and then nothing, once held every later task of the node (the server waited on it forever)."""
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.connect(served[0][clientapp_shim.SOCKET_ENV])
+    stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stalled.connect(served[0][clientapp_shim.SOCKET_ENV])
+    stalled.settimeout(60)
+    body = json.dumps({"argv": ["--help"]}).encode()
+    with open(os.devnull, "rb") as stdin:
+        socket.send_fds(stalled, [clientapp_shim.HEADER.pack(len(body)) + body[:5]], [stdin.fileno()] * 3)
+    try:
+        ok = shim(served[0], "--help")
+        assert ok.returncode == 0 and "Run a Flower ClientApp" in ok.stdout and "no fork server" not in ok.stderr, ok
+        assert stalled.recv(1) == b""  # refused once REQUEST_S passed: closed, nothing forked for it
+    finally:
+        silent.close()
+        stalled.close()
+    assert identity(served[1])
+
+
+@pytest.mark.slow
 def test_a_killed_fork_server_takes_its_tasks_with_it(served: tuple[dict[str, str], int], tmp_path: Path) -> None:
     log = tmp_path / "task.log"
     with log.open("wb") as err:

@@ -1,5 +1,5 @@
 """A Ray worker lost mid-round is a client failure, under the Ray pool and Flower's runtime alike: its
-process ended (``os._exit`` in a client's code, SIGKILL from outside) or it sent nothing within
+process ended (SIGKILL from inside or outside, as the OOM killer sends) or it sent nothing within
 ``train.round_timeout_s``. Under ``fail`` the run stops in one line naming the round, the clients and the
 cause, keeps its last checkpoint, and ``--resume`` finishes it to the uninterrupted run's numbers; under
 ``skip`` the round goes on without those clients, a fresh worker serves them from then on, and the run says
@@ -178,3 +178,58 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def summary_written(proc: subprocess.Popen[str], run_dir: Path) -> None:
+    """Wait until ``proc`` has written ``run_dir``'s summary.json (the run is recorded)."""
+    deadline = time.monotonic() + 600
+    while not (run_dir / "summary.json").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+
+
+def ended_within(proc: subprocess.Popen[str], seconds: float, after: str) -> tuple[int, str]:
+    """``proc``'s exit code and stderr; it fails the test if ``proc`` runs on ``seconds`` seconds ``after``."""
+    try:
+        _, err = proc.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"fedsim still running {seconds:g} s {after}: {proc.communicate()[1][-3000:]}") from None
+    return proc.returncode, err
+
+
+def hung_worker_run(tmp_path: Path, rounds: int, at: str) -> tuple[subprocess.Popen[str], Path]:
+    """``fedsim run`` under Flower's runtime (skip, round_timeout_s 30), the worker of round:partition ``at``
+    hanging for an hour as it begins it; the directory its pid is written to."""
+    raw = lost_config(tmp_path, FLOWER, "DyingFedAvg", on_client_failure="skip", round_timeout_s=30, rounds=rounds)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    return fedsim("run", str(write_config(tmp_path, raw)), worker_end=f"{at}:hang:{pids}"), pids
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_flower_worker_hung_in_the_last_round_does_not_keep_fedsim_run_alive(tmp_path: Path) -> None:
+    proc, pids = hung_worker_run(tmp_path, rounds=3, at="3:1")
+    summary_written(proc, tmp_path / "run")
+    code, err = ended_within(proc, 60, "after summary.json was written (a hung Ray worker held it)")
+    assert code == 0, err[-3000:]
+    lines = metrics(tmp_path / "run")
+    assert [m["round"] for m in lines] == [1, 2, 3] and 1 in lines[2]["failed_clients"]["3"]
+    assert not _alive(int((pids / "1.pid").read_text()))  # stopped with its Ray, not left to sleep out its hour
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_sigterm_ends_a_flower_run_whose_worker_hangs(tmp_path: Path) -> None:
+    proc, pids = hung_worker_run(tmp_path, rounds=3, at="2:1")
+    deadline = time.monotonic() + 600
+    while not (pids / "1.pid").exists() or not (pids / "1.pid").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    code, err = ended_within(proc, 60, "after SIGTERM")
+    assert code == 143, err[-3000:]
+    assert err.splitlines()[-1].startswith("fedsim: "), err[-3000:]
+    assert "Traceback" not in err

@@ -13,6 +13,9 @@ which builds the same runtime so that the children it forks next inherit it.
 The server itself never starts a thread pool, CUDA or a network connection, which a forked child could
 not use: torch runs single-threaded here (a child sets the run's threads on its first Message), and the
 runtime is built on the CPU device only when the run trains there.
+
+One process serves every task of the node, so no connection may hold it: a connection's request is read once
+it has sent something, and must then come whole within :data:`REQUEST_S` (a shim sends it in one go).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from fedsim.processes import die_with
 
 MAX_REQUEST = 1 << 20  # bytes of one request's JSON (its command line)
 MAX_CONFIG = 1 << 22  # bytes of a run config a child announces
+REQUEST_S = 10.0  # how long the rest of a request may take once its first bytes came
+REQUEST = "request"  # the selector's mark of a connection whose request has not come yet
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what stops a task (the SuperExec, a shim forwarding)
 
 
@@ -137,41 +142,51 @@ def serve(listener: socket.socket) -> None:
                 except OSError as err:  # out of file descriptors, say: that shim runs Flower's own command
                     print(f"fedsim fork server: refused a connection: {err}", file=sys.stderr)
                     continue
-                try:
-                    argv, fds = read_request(conn)
-                except (OSError, ValueError) as err:  # a shim gone or broken is that shim's failure, not the node's
-                    print(f"fedsim fork server: refused a request: {err}", file=sys.stderr)
-                    conn.close()
-                    continue
-                # the stop signals wait while the child is forked and its handlers become the defaults: one that
-                # came in between ran the server's handler there or, once the handler was reset, was dropped, and
-                # the task ran on (a task stopped as it started, by a shim that went at once)
-                mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
-                pid = os.fork()
-                if pid == 0:
-                    sel.close()
-                    listener.close()
-                    announced.close()
-                    conn.close()
-                    for waiting in tasks.values():
-                        waiting.close()
-                    run_task(argv, fds, announce, server)
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-                for fd in fds:
-                    os.close(fd)
-                tasks[pid] = conn
-                try:
-                    conn.sendall(REPLY.pack(pid, 0))
-                except OSError:  # the shim went before it heard the pid: nobody waits for the task
-                    os.kill(pid, signal.SIGTERM)
-                    continue
-                sel.register(conn, selectors.EVENT_READ, pid)
+                conn.settimeout(REQUEST_S)
+                sel.register(conn, selectors.EVENT_READ, REQUEST)  # read once its request begins to come
+            elif key.data is REQUEST:
+                sel.unregister(key.fileobj)
+                start_task(key.fileobj, sel, tasks, announce, server)  # type: ignore[arg-type]
             elif key.fileobj is announced:
                 warm(announced.recv(MAX_CONFIG))
             elif key.data in tasks and shim_gone(key.fileobj):  # type: ignore[arg-type]
                 os.kill(key.data, signal.SIGTERM)  # so is whoever waited for the task
                 sel.unregister(key.fileobj)
         reap(tasks, sel)
+
+
+def start_task(
+    conn: socket.socket, sel: selectors.BaseSelector, tasks: dict[int, socket.socket], announce: socket.socket,
+    server: int,
+) -> None:  # fmt: skip
+    """Fork the task that ``conn``'s request asks for, and tell its shim the task's pid; a request that is not
+    whole within :data:`REQUEST_S`, or not a request, is refused."""
+    try:
+        argv, fds = read_request(conn)
+    except (OSError, ValueError) as err:  # a shim gone or broken is that shim's failure, not the node's
+        print(f"fedsim fork server: refused a request: {err}", file=sys.stderr)
+        conn.close()
+        return
+    # the stop signals wait while the child is forked and its handlers become the defaults: one that came in
+    # between ran the server's handler there or, once the handler was reset, was dropped, and the task ran on
+    # (a task stopped as it started, by a shim that went at once)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    pid = os.fork()
+    if pid == 0:  # no socket of the server's stays open in a task: a shim waits for the end of its own alone
+        for open_socket in [key.fileobj for key in sel.get_map().values()] + [conn, *tasks.values()]:
+            open_socket.close()  # type: ignore[union-attr]
+        sel.close()
+        run_task(argv, fds, announce, server)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    for fd in fds:
+        os.close(fd)
+    tasks[pid] = conn
+    try:
+        conn.sendall(REPLY.pack(pid, 0))
+    except OSError:  # the shim went before it heard the pid: nobody waits for the task
+        os.kill(pid, signal.SIGTERM)
+        return
+    sel.register(conn, selectors.EVENT_READ, pid)
 
 
 def shim_gone(conn: socket.socket) -> bool:

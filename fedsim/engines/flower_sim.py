@@ -9,6 +9,11 @@ worker every later message it gives it; with ``max_restarts`` Ray starts a fresh
 computes what the dead one would have (Flower's workers keep no client state: each node's ``Context`` lives
 in this process and changes only with a reply). A message that went to the worker while Ray replaced it
 was never run, and is sent again (:class:`RuntimeGrid`).
+
+Flower's backend waits on each worker's task with no timeout, and its threads, which this process joins at its
+end, wait so on a worker that hangs (a client stuck in its code, a process stopped). The round loop bounds its
+own waits (``train.round_timeout_s``); once the ServerApp has ended, however it ended, every actor of Flower's
+pool is killed (:func:`_pool_stopped`), so the simulation ends at once, as the run has been recorded or stopped.
 """
 
 from __future__ import annotations
@@ -121,6 +126,27 @@ def _flower_noise_dropped() -> Iterator[None]:
         logger.removeFilter(noise)
 
 
+def _live_actors() -> set[str]:
+    """The ids of the actors of this driver's Ray job that are not dead (from the cluster's actor table)."""
+    from ray._private import state  # the one actor table without Ray's dashboard, which fedsim leaves off
+
+    job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id())
+    return {actor for actor, info in state.actors(job_id=job).items() if info["State"] != "DEAD"}
+
+
+@contextmanager
+def _pool_stopped(before: set[str]) -> Iterator[None]:
+    """The actors of this job started since ``before`` (Flower's pool) are killed as the block ends, not
+    restarted: a task of theirs still running fails at once, and Flower's threads waiting on it go on."""
+    try:
+        yield
+    finally:
+        from ray._private.worker import global_worker  # ray.kill for an actor known by its id, not a handle
+
+        for actor in _live_actors() - before:
+            global_worker.core_worker.kill_actor(ray.ActorID.from_hex(actor), True)
+
+
 def run_flower_simulation(experiment: Experiment, resume: bool = False) -> dict[str, Any]:
     from flwr.simulation import run_simulation
 
@@ -137,13 +163,15 @@ def run_flower_simulation(experiment: Experiment, resume: bool = False) -> dict[
 
     @server_app.main()
     def _main(grid: Grid, context: Context) -> None:
-        summary.update(run_server(RuntimeGrid(grid, stopped), experiment, resume))
+        with _pool_stopped(before):
+            summary.update(run_server(RuntimeGrid(grid, stopped), experiment, resume))
 
     res = cfg.simulation.client_resources
     # Ray is started or joined here, not by Flower's backend: as every engine's (its processes never outlive
     # this one, SIGTERM stays fedsim's; fedsim.engines.ray_cluster), and Flower's would ship this driver's
     # sys.path to every node of a cluster as PYTHONPATH (paths that exist only on this machine)
     owned = init_ray(cfg.simulation)
+    before = _live_actors()  # a caller's own actors, in a session of theirs (a notebook's), are not Flower's
     try:
         with warnings.catch_warnings(), signals_deferred(stopped.set), _flower_noise_dropped():
             warnings.simplefilter("ignore", DeprecationWarning)
