@@ -1,10 +1,11 @@
 """``fedsim compose`` for real: a Docker Engine (started here if none runs), fedsim's image built from
 ``docker/Dockerfile`` offline (a debootstrap base and a wheelhouse, nothing pulled), and the generated
 quickstart project (3 SuperNodes, 2 rounds) brought up with Compose: plain and with TLS + SuperNode
-auth, it gives ``fedsim run``'s metrics; so does docs/deployment.md's recipe across hosts (two projects,
-the SuperLink's and the SuperNodes', in network namespaces of their own linked by a veth pair), and a run
-whose SuperLink is killed, resumed with ``docker compose run --rm submit --resume``; a run that fails
-makes ``submit`` exit non-zero; ``down`` leaves no container, network or file of another user behind.
+auth, under docker-compose 1.29 and Compose v2, it gives ``fedsim run``'s metrics; so does
+docs/deployment.md's recipe across hosts (two projects, the SuperLink's and the SuperNodes', in network
+namespaces of their own linked by a veth pair), and a run whose SuperLink is killed, resumed with
+``docker compose run --rm submit --resume``; a run that fails makes ``submit`` exit non-zero; ``down``
+leaves no container, network or file of another user behind.
 
 All services share the SuperLink's network namespace, loopback only (``one_network_namespace``), or, as
 two hosts, two namespaces and the veth between them: nothing of theirs reaches beyond. Run with
@@ -69,19 +70,25 @@ def image() -> Iterator[str]:
         pytest.skip(f"no Docker Engine can run here: {why}")
 
 
-@pytest.fixture(scope="module", params=["docker-compose 1.29", "compose v2"])
+# the Compose programs the generated file is for: Debian 12's, and Compose v2 (fetched from Debian 13 where not
+# installed). The plain and the TLS projects run under both; the other tests, which add nothing a Compose program
+# reads differently (a failing run, two hosts, a killed SuperLink), under Compose v2 alone
+BOTH_PROGRAMS = pytest.mark.parametrize("compose_program", ["docker-compose 1.29", "compose v2"], indirect=True)
+
+
+@pytest.fixture(scope="module")
 def compose_program(request: pytest.FixtureRequest, image: str) -> list[str]:
-    """Each test under both Compose programs the generated file is for: Debian 12's, and Compose v2 (fetched
-    from Debian 13 where not installed)."""
-    if request.param == "compose v2":
+    """The Compose program a test runs under: its parameter (:data:`BOTH_PROGRAMS`), else Compose v2."""
+    name = getattr(request, "param", "compose v2")
+    if name == "compose v2":
         try:
             fetch_compose_v2()
         except Unavailable as why:
             pytest.skip(str(why))
     programs = compose_programs()
-    if request.param not in programs:
-        pytest.skip(f"{request.param} is not installed")
-    return programs[request.param]
+    if name not in programs:
+        pytest.skip(f"{name} is not installed")
+    return programs[name]
 
 
 def write_project(tmp_path: Path, *settings: str, options: tuple[str, ...] = (), short: bool = True) -> Path:
@@ -132,6 +139,7 @@ def run_to_the_end(project: Project) -> tuple[int, str]:
     return code, project.logs("submit")
 
 
+@BOTH_PROGRAMS
 def test_plain_project_gives_fedsim_runs_metrics(project_of, simulated: list[dict]) -> None:
     project = project_of()
     code, log = run_to_the_end(project)
@@ -141,6 +149,7 @@ def test_plain_project_gives_fedsim_runs_metrics(project_of, simulated: list[dic
     assert "summary: name quickstart" in log and "finished:completed" in log
 
 
+@BOTH_PROGRAMS
 def test_tls_and_supernode_auth_give_the_same_metrics_and_submit_runs_again(project_of, simulated) -> None:
     project = project_of("deploy.tls=true", "deploy.supernode_auth=true")
     code, log = run_to_the_end(project)
