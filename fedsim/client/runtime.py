@@ -23,10 +23,10 @@ from fedsim.client.sgd import LocalSgd
 from fedsim.client.training import ClientRound, TrainResult, train_local
 from fedsim.config import RunConfig
 from fedsim.data.batches import BatchStream
-from fedsim.engines.layout import torch_threads
 from fedsim.evaluation import evaluate
 from fedsim.experiment import Experiment, resolve
 from fedsim.federation import Federation
+from fedsim.layout import torch_threads
 from fedsim.models import FedsimModel
 from fedsim.norms.ln_variants import seed_norm_noise
 
