@@ -176,7 +176,7 @@ def main() -> None:
         raise SystemExit(f"--rounds {args.rounds}: rounds {FIRST_TIMED_ROUND} to the last are timed; give more")
     work = Path(tempfile.mkdtemp(prefix="fedsim-vs-lnfl-"))
     from fedsim.config import load_config
-    from fedsim.engines.layout import choose_layout
+    from fedsim.layout import choose_layout
 
     sim = choose_layout(load_config(CONFIG)).simulation
     print(f"work directory: {work}; fedsim's default here: backend {sim.backend}, {sim.threads} thread(s)", flush=True)

@@ -36,8 +36,8 @@ from fedsim.arrays import to_array_record
 from fedsim.client.runtime import round_seed
 from fedsim.config import RunConfig, parse_config
 from fedsim.data.batches import BatchStream
-from fedsim.engines.layout import choose_layout, usable_cores
 from fedsim.experiment import resolve
+from fedsim.layout import choose_layout, usable_cores
 from fedsim.runner import run
 from fedsim.server.aggregation import aggregate_arrayrecords
 
@@ -201,7 +201,7 @@ def memory_table(console: Console, out: Path) -> None:
 
 ENGINES = [("local", "inline"), ("local", "ray"), ("flower", "inline")]
 CORES = usable_cores()
-# fedsim's layouts at the paper setting; the first is the default, which fedsim.engines.layout makes concrete
+# fedsim's layouts at the paper setting; the first is the default, which fedsim.layout makes concrete
 LAYOUTS: dict[str, dict[str, object]] = {
     "the default (auto)": {"backend": "auto", "threads": "auto"},
     "inline, 1 thread (the default until auto)": {"backend": "inline", "threads": 1},

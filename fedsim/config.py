@@ -221,7 +221,7 @@ class SimulationConfig(_Strict):
         "auto",
         description="engine local: clients in this process (inline) or on a Ray actor pool; auto: the pool when "
         "this machine has 2+ cores and a round 2+ clients on the CPU (or ray_address is set), else inline "
-        "(fedsim.engines.layout)",
+        "(fedsim.layout)",
     )
     client_resources: ClientResources = Field(default_factory=ClientResources)
     ray_address: str | None = Field(

@@ -34,13 +34,13 @@ from fedsim.client.training import ClientRound, train_local
 from fedsim.config import MAX_LOCAL_STEPS, RunConfig, read_run_config
 from fedsim.data.fingerprint import DATA_FINGERPRINT, check_same_data
 from fedsim.diagnostics import ProbeDiagnostics, probe_images
-from fedsim.engines.layout import torch_threads
 from fedsim.errors import ConfigError, DataError, FedsimError, brief
 from fedsim.evaluation import evaluate
 from fedsim.exclusive import claim_process
 from fedsim.experiment import resolve
 from fedsim.files import check_links, write_file
 from fedsim.integrity import read_torch, verify
+from fedsim.layout import torch_threads
 from fedsim.names import control_character, cut, unprintable
 from fedsim.norms.ln_variants import seed_norm_noise
 from fedsim.reading import read_json

@@ -13,13 +13,13 @@ import torch
 from fedsim.client.vectorized import refusal
 from fedsim.config import RunConfig
 from fedsim.diagnostics import probe_images
-from fedsim.engines.layout import choose_layout
 from fedsim.engines.ray_address import check_ray_address
 from fedsim.environment import check_working_directory, fault_of
 from fedsim.errors import ConfigError
 from fedsim.exclusive import claim_process
 from fedsim.experiment import Experiment, build_server, resolve
 from fedsim.federation import Federation
+from fedsim.layout import choose_layout
 from fedsim.models import FedsimModel
 from fedsim.ownership import check_not_in_a_run
 from fedsim.plugin_guard import plugin_code, warn_stray_threads

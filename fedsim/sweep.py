@@ -68,12 +68,12 @@ from pydantic import (
 )
 
 from fedsim.config import THREADS_PER_CPU, HomePath, RunConfig, format_validation_error, load_config, read_yaml
-from fedsim.engines.layout import choose_layout, usable_cores
 from fedsim.environment import check_ray_temp_dir, check_working_directory
 from fedsim.errors import ERROR_FILE_ENV, ConfigError, FedsimError, TrainingError, brief
 from fedsim.exclusive import claim_process
 from fedsim.experiment import resolve
 from fedsim.files import check_links, remove, write_file
+from fedsim.layout import choose_layout, usable_cores
 from fedsim.names import NAME_RULE, cut, is_name, printable
 from fedsim.ownership import check_not_in_a_run
 from fedsim.processes import die_with_parent, signals_ignored, sigterm_as_interrupt, stop_tree
@@ -445,7 +445,7 @@ def claimed_sweep(out: Path, cells: list[str]) -> Iterator[None]:
 def cell_layout(cfg: RunConfig, sweep: SweepFile, workers: int) -> RunConfig:
     """A cell's worker layout when the sweep runs several cells at once: inline on its share of the cores
     (``cpus_per_run`` on Ray), since a Ray pool per cell would put every cell on every core. One cell at a
-    time chooses as ``fedsim run`` does (fedsim.engines.layout)."""
+    time chooses as ``fedsim run`` does (fedsim.layout)."""
     if sweep.ray is not None:
         return choose_layout(cfg, max(1, int(sweep.ray.cpus_per_run)), pool=False)
     if workers > 1:

@@ -59,7 +59,7 @@ SCAFFOLD_C = "scaffold.c"  # server -> client: the server control variate c
 SCAFFOLD_DELTA_C = "scaffold.delta-c"  # client -> server: Δc_i = c_i⁺ − c_i
 SCAFFOLD_C_I = "scaffold.c-i"  # Context.state: the client control variate c_i
 FEDBN_LOCAL = "fedbn.local"  # Context.state: the client's own normalisation tensors
-PACKED = "fedsim.packed"  # ConfigRecord, only between processes: the layout of packed ArrayRecords (fedsim.packing)
+PACKED = "fedsim.packed"  # ConfigRecord, between processes only: packed ArrayRecords' layout (fedsim.deploy.packing)
 STATE_SEP = "/"  # server_state() keys are "<slot>/<tensor name>", e.g. "v_t/fc.weight"
 
 
@@ -139,7 +139,7 @@ file the checkpoint recorded for it (a node the checkpoint recorded no state for
 whose reply lacks a key below is reported by node and key; a ClientApp that has no `{QUERY_PARTITION}`
 handler (a stock Flower ClientApp) is refused before round 1. Strategy records (FedProx, SCAFFOLD)
 travel only under those strategies. Between the processes of a deployment each ArrayRecord of several
-tensors travels packed into one Array, its layout in the ConfigRecord `{PACKED}` (`fedsim/packing.py`:
+tensors travels packed into one Array, its layout in the ConfigRecord `{PACKED}` (`fedsim/deploy/packing.py`:
 fewer objects for Flower to move one request at a time); both sides see the records unpacked.
 
 | message | direction | record | key | type | meaning |

@@ -1,19 +1,24 @@
-"""The architecture, checked from the code: no import cycle, the client and server packages apart,
-no reliance on Flower's private names or writes into Flower's modules, the protocol document equal
-to its source, and every document a docstring cites present in the repository."""
+"""The architecture, checked from the code: no import cycle between modules or between packages, the client
+and server packages apart, deployment on top of the core and never loaded by ``fedsim run``, no reliance on
+Flower's private names or writes into Flower's modules, the protocol document equal to its source, and every
+document a docstring cites present in the repository."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import flwr
+import pytest
+import yaml
 
 from fedsim import wire
-from tests.conftest import REPO
+from tests.conftest import REPO, small_config
 
 # The source tree as it is installed: the top-level strategies/ and partitions/ are fedsim subpackages
 ROOTS = {"fedsim": REPO / "fedsim", "fedsim.strategies": REPO / "strategies", "fedsim.partitions": REPO / "partitions"}
@@ -54,20 +59,20 @@ def imported(path: Path, name: str) -> set[str]:
 GRAPH = {name: imported(path, name) for name, path in MODULES.items()}
 
 
-def test_no_import_cycle_among_fedsims_modules() -> None:
-    # Tarjan's strongly connected components: any component of two or more modules is a cycle
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The cycles of ``graph``: its strongly connected components of two or more nodes (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     on_stack: set[str] = set()
     cycles: list[list[str]] = []
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(GRAPH)))
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(graph)))
 
     def visit(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in GRAPH[v]:
+        for w in graph[v]:
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -84,10 +89,99 @@ def test_no_import_cycle_among_fedsims_modules() -> None:
             if len(component) > 1:
                 cycles.append(sorted(component))
 
-    for v in GRAPH:
+    for v in graph:
         if v not in index:
             visit(v)
+    return cycles
+
+
+def test_no_import_cycle_among_fedsims_modules() -> None:
+    cycles = strongly_connected(GRAPH)
     assert not cycles, f"import cycles: {cycles}"
+
+
+def subpackage(name: str) -> str:
+    """``fedsim.x`` for a module anywhere in the subpackage x; ``fedsim`` for the top-level modules (fedsim/*.py)."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or MODULES[name].name == "__init__.py" else "fedsim"
+
+
+# The top-level modules are both the floor every subpackage stands on (errors, wire, config, registry) and
+# the one above them all (cli, api, runner, experiment): as one folder they are in a cycle with each
+# subpackage, so the package check leaves them out.
+TOP = "fedsim"
+
+
+def test_no_import_cycle_among_fedsims_subpackages() -> None:
+    # a cycle of folders: a file of server/ importing engines/ while a file of engines/ imports server/
+    crossings: dict[tuple[str, str], list[str]] = {}
+    for name, deps in GRAPH.items():
+        for dep in deps:
+            here, there = subpackage(name), subpackage(dep)
+            if TOP not in (here, there) and here != there:
+                crossings.setdefault((here, there), []).append(f"{name} -> {dep}")
+    graph: dict[str, set[str]] = {subpackage(name): set() for name in GRAPH}
+    graph.pop(TOP)
+    for here, there in crossings:
+        graph[here].add(there)
+    assert {"fedsim.server", "fedsim.client", "fedsim.deploy", "fedsim.engines", "fedsim.strategies"} <= set(graph)
+    cycles = strongly_connected(graph)
+    causes = [edge for cycle in cycles for (a, b), edges in crossings.items() if {a, b} <= set(cycle) for edge in edges]
+    assert not cycles, f"package import cycles {cycles}, through: {causes}"
+
+
+def test_deployment_stands_on_the_core_and_nothing_below_it_reaches_up() -> None:
+    # fedsim/deploy/ holds what Flower's SuperLink path needs (its ServerApp and ClientApp, packing, the
+    # waits, the fork server's warm-up); server/ and client/ keep no import of it, and only the command
+    # line's deploy and compose commands import it (inside those commands: fedsim run never loads it)
+    for name, deps in GRAPH.items():
+        if subpackage(name) in ("fedsim.server", "fedsim.client"):
+            assert not {d for d in deps if subpackage(d) == "fedsim.deploy"}, name
+    importers = {name for name, deps in GRAPH.items() if any(subpackage(d) == "fedsim.deploy" for d in deps)}
+    assert {name for name in importers if subpackage(name) != "fedsim.deploy"} == {"fedsim.cli"}
+
+
+def closure(roots: list[str]) -> set[str]:
+    """Every fedsim module ``roots`` import, directly or not, at the top level or inside functions."""
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += GRAPH[name]
+    return seen
+
+
+def test_what_fedsim_run_may_load_holds_nothing_of_deploy() -> None:
+    # fedsim run calls fedsim.api; every engine's Ray workers import the core ClientApp: whatever any code
+    # path of theirs imports, a function's own imports included, is none of fedsim/deploy/
+    reach = closure(["fedsim.api", "fedsim.client.app", "fedsim.engines.ray_pool", "fedsim.engines.flower_sim"])
+    assert {"fedsim.runner", "fedsim.engines.local", "fedsim.server.loop", "fedsim.client.runtime"} <= reach
+    assert not {name for name in reach if subpackage(name) == "fedsim.deploy"}
+
+
+LOADED_BY_RUN = """
+import json, sys
+from fedsim.cli import main
+code = main(sys.argv[1:])
+import fedsim.engines.flower_sim, fedsim.engines.ray_pool  # the other engines' modules, as the driver loads them
+print(json.dumps([code, sorted(m for m in sys.modules if m.startswith("fedsim"))]))
+"""
+
+
+@pytest.mark.slow
+def test_a_fedsim_run_loads_nothing_of_deploy(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(small_config(tmp_path, train={"rounds": 1}, eval={"every": 1})))
+    out = subprocess.run(
+        [sys.executable, "-c", LOADED_BY_RUN, "run", str(path)], capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    code, loaded = json.loads(out.stdout.splitlines()[-1])
+    assert code == 0 and "fedsim.engines.local" in loaded and "fedsim.server.loop" in loaded
+    assert not [name for name in loaded if name.startswith("fedsim.deploy")]
 
 
 def test_the_graph_sees_real_imports() -> None:
@@ -95,6 +189,7 @@ def test_the_graph_sees_real_imports() -> None:
     assert "fedsim.experiment" in GRAPH["fedsim.client.runtime"]
     assert "fedsim.server.replies" in GRAPH["fedsim.server.loop"]
     assert "fedsim.norms.base" in GRAPH["fedsim.norms.basic"]
+    assert "fedsim.deploy.launcher" in GRAPH["fedsim.cli"]  # imported inside a function
 
 
 def test_client_and_server_packages_do_not_import_each_other() -> None:

@@ -14,15 +14,22 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
 import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.supercore.task_identity import TaskIdentity
 
+from fedsim import wire
 from fedsim.client import runtime
 from fedsim.config import load_config
-from fedsim.deploy import clientapp_shim, forkserver
+from fedsim.deploy import clientapp_shim
+from fedsim.deploy.clientapp import DeployedClientApp
 from fedsim.deploy.supernode import start_fork_server
+from fedsim.deploy.warm import keep_warm, warm_up
 from fedsim.evaluation import FORWARD_CHUNK
 from fedsim.processes import identity
 from tests.conftest import REPO
@@ -194,13 +201,13 @@ def test_the_server_builds_a_run_once_and_never_for_a_gpu() -> None:
     cfg = load_config(REPO / "configs" / "quickstart.yaml", ["simulation.threads=1"])
     runtime.prepare.cache_clear()
     try:
-        forkserver.warm(cfg.to_json().encode())
+        keep_warm(cfg.to_json().encode())
         assert runtime.prepare.cache_info().currsize == 1
         built = runtime.prepare(cfg.to_json())
         assert runtime.prepare.cache_info().hits == 1 and built.device.type == "cpu"
         gpu = cfg.model_copy(deep=True)
         gpu.simulation.device = "cuda"
-        forkserver.warm(gpu.to_json().encode())  # a CUDA context cannot cross a fork: children build it
+        keep_warm(gpu.to_json().encode())  # a CUDA context cannot cross a fork: children build it
         assert runtime.prepare.cache_info().currsize == 1
     finally:
         runtime.prepare.cache_clear()
@@ -220,10 +227,37 @@ def test_warming_up_runs_both_shapes_and_changes_nothing_of_the_runtime(norm: st
     rt.model.register_forward_hook(lambda module, args, out: shapes.append(tuple(args[0].shape)))
     before = {k: v.clone() for k, v in rt.model.state_dict().items()}
     rng = torch.get_rng_state()
-    rt.warm_up()
+    warm_up(rt)
     in_shape = tuple(rt.fed.dataset.in_shape)
     assert shapes == [(cfg.train.batch_size, *in_shape), (min(cfg.eval.batch_size, FORWARD_CHUNK), *in_shape)]
     after = rt.model.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     assert all(p.grad is None for p in rt.model.parameters())
     assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_a_forked_clientapp_announces_a_runtime_it_built_and_none_it_inherited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fedsim's deployed ClientApp tells its fork server the run config of a runtime a Message made its process
+    build (the server had none for it, so builds it for the next children), and stays quiet about one it had."""
+    for name in ("_run_id", "_node_id", "_task_id"):  # as a Grid sets them in the sender's process
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    monkeypatch.setattr(runtime, "prepare", lru_cache(maxsize=2)(lambda config_json: object()))
+    core = ClientApp()
+
+    @core.train()
+    def train(msg: Message, context: Context) -> Message:
+        runtime.prepare(wire.run_config_json(msg))  # as the core ClientApp's handlers build the runtime
+        return Message(RecordDict(), reply_to=msg)
+
+    deployed, heard = DeployedClientApp(core), []
+    deployed.announce = heard.append
+    ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    runtime.prepare("inherited")  # the fork server built it before it forked this process
+
+    def message(config_json: str) -> Message:
+        content = RecordDict({wire.CONFIG: ConfigRecord({wire.RUN_CONFIG: config_json})})
+        return Message(content, dst_node_id=1, message_type=wire.TRAIN)
+
+    for config_json in ("inherited", "new", "new"):
+        deployed(message(config_json), ctx)
+    assert heard == ["new"]

@@ -1,4 +1,4 @@
-"""The default worker layout (fedsim.engines.layout): what ``backend: auto`` and ``threads: auto`` become,
+"""The default worker layout (fedsim.layout): what ``backend: auto`` and ``threads: auto`` become,
 where the choice is written down, and how a sweep that runs several cells at once shares the cores."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import yaml
 
 from fedsim.config import parse_config
 from fedsim.deploy.compose import container_config
-from fedsim.engines.layout import choose_layout, torch_threads, usable_cores
+from fedsim.layout import choose_layout, torch_threads, usable_cores
 from fedsim.runner import run
 from fedsim.sweep import cell_layout, read_sweep
 from tests.conftest import small_config, write_config

@@ -1,4 +1,4 @@
-"""A Message's ArrayRecords packed for the way between processes (fedsim.packing): what arrives is what was
+"""A Message's ArrayRecords packed for the way between processes (fedsim.deploy.packing): what arrives is what was
 sent, byte for byte, in a fraction of the objects; fedsim's ServerApp packs only under a SuperLink, and its
 ClientApp answers a packed Message with a packed reply and any other as it is."""
 
@@ -15,8 +15,8 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedsim import wire
 from fedsim.arrays import to_array_record
+from fedsim.deploy.packing import PackedGrid, is_packed, pack, packed_transport, unpack
 from fedsim.errors import ProtocolError
-from fedsim.packing import is_packed, pack, packed_transport, unpack
 from fedsim.server.polling import PromptGrid
 
 STATE = {  # every dtype and shape a model or a strategy's state sends, an empty and a 0-d tensor included
@@ -103,7 +103,7 @@ class Recorder(Grid):
 def test_the_serverapp_packs_what_it_sends_and_unpacks_what_it_gets_only_under_a_superlink(packed: bool) -> None:
     grid = Recorder()
     messages = [Message(content(), dst_node_id=n, message_type=wire.TRAIN) for n in (1, 2)]
-    replies = list(PromptGrid(grid, packed=packed).send_and_receive(messages, timeout=5))
+    replies = list((PackedGrid(grid) if packed else PromptGrid(grid)).send_and_receive(messages, timeout=5))
     assert [is_packed(m.content) for m in grid.pushed] == [packed, packed]
     assert len(replies) == 2
     for reply in replies:

@@ -19,8 +19,8 @@ from PIL import Image
 
 from fedsim.cli import build_parser, main
 from fedsim.data import load_dataset
-from fedsim.engines.layout import choose_layout
 from fedsim.errors import ConfigError, DataError, TrainingError
+from fedsim.layout import choose_layout
 from fedsim.runner import run
 from fedsim.sweep import plan, run_sweep
 from tests.conftest import CIFAR_Q75, MNIST_SMALL, REPO, small_config, write_config

@@ -47,7 +47,7 @@ def test_a_stock_flower_client_app_is_refused_before_round_one(tmp_path: Path) -
         serve(tmp_path, stock_flower_client(False, {wire.NUM_EXAMPLES}))
     message = str(err.value)
     assert "does not run fedsim's ClientApp" in message and "'query.partition'" in message
-    assert "docs/protocol.md" in message and "train-loss" in message and "fedsim.client.app:app" in message
+    assert "docs/protocol.md" in message and "train-loss" in message and "fedsim.deploy.clientapp:app" in message
     assert not list((tmp_path / "runs").rglob("metrics.jsonl"))
 
 

@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from fedsim.config import parse_config
-from fedsim.engines.layout import usable_cores
+from fedsim.layout import usable_cores
 from fedsim.runner import run
 from tests.conftest import CIFAR_Q75, REPO, small_config, write_config
 
@@ -57,8 +57,8 @@ def test_run_directory_contents(tmp_path: Path) -> None:
 def test_global_model_file_reproduces_global_accuracy(tmp_path: Path, normalize: bool) -> None:
     from fedsim.arrays import to_array_record
     from fedsim.data.batches import to_float
-    from fedsim.engines.layout import torch_threads
     from fedsim.experiment import resolve
+    from fedsim.layout import torch_threads
     from fedsim.server.reporter import GlobalEvaluator
 
     cfg = parse_config(small_config(tmp_path, data={"normalize": normalize}))

@@ -16,7 +16,6 @@ from flwr.clientapp import ClientApp
 from fedsim import wire
 from fedsim.client.runtime import runtime_for
 from fedsim.client.state import state_query
-from fedsim.packing import packed_transport
 from fedsim.plugin_guard import plugin_code
 
 
@@ -26,7 +25,7 @@ def plugin_guarded(msg: Message, context: Context, call_next: Callable[[Message,
         return call_next(msg, context)
 
 
-app = ClientApp(mods=[plugin_guarded, packed_transport])
+app = ClientApp(mods=[plugin_guarded])
 
 
 @app.train()

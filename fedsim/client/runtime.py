@@ -10,7 +10,6 @@ so it follows the node whichever process serves it.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -24,10 +23,10 @@ from fedsim.client.sgd import LocalSgd
 from fedsim.client.training import ClientRound, TrainResult, train_local
 from fedsim.config import RunConfig
 from fedsim.data.batches import BatchStream
-from fedsim.engines.layout import torch_threads
-from fedsim.evaluation import FORWARD_CHUNK, evaluate
+from fedsim.evaluation import evaluate
 from fedsim.experiment import Experiment, resolve
 from fedsim.federation import Federation
+from fedsim.layout import torch_threads
 from fedsim.models import FedsimModel
 from fedsim.norms.ln_variants import seed_norm_noise
 
@@ -66,20 +65,6 @@ class ClientRuntime:
         self._optimizers: dict[int, LocalSgd] = {}
         self._clients: dict[int, ClientData] = {}
         self.to_inputs = self.fed.input_transform(cfg.data.normalize)
-
-    def warm_up(self) -> None:
-        """A training step's forward and backward and an evaluation chunk's forward, on zeros, through a copy of
-        the model: torch's kernels for these shapes and its allocator's pools are set up, nothing of the runtime
-        changes (its model, the global CPU RNG: the fork server warms CPU runs only). A SuperNode's fork server
-        runs it once, so that the processes it forks start with them instead of setting them up per Message."""
-        shape = self.fed.dataset.in_shape
-        model = copy.deepcopy(self.model)
-        with torch.random.fork_rng(devices=[]):
-            model.train()
-            model(torch.zeros(self.cfg.train.batch_size, *shape, device=self.device)).sum().backward()
-            model.eval()
-            with torch.no_grad():
-                model(torch.zeros(min(self.cfg.eval.batch_size, FORWARD_CHUNK), *shape, device=self.device))
 
     def data(self, pid: int) -> ClientData:
         """Client ``pid``'s train and test slices on the training device, cut once."""
@@ -172,19 +157,10 @@ def config_of(config_json: str) -> RunConfig:
     return RunConfig.from_json(config_json)
 
 
-# Called with the run config of each runtime this process builds. A SuperNode's fork server
-# (fedsim.deploy.forkserver) sets it in the processes it forks, to build that run's runtime once itself
-# so that the processes it forks next start with it.
-on_build: Callable[[str], None] | None = None
-
-
 @lru_cache(maxsize=2)
 def prepare(config_json: str) -> ClientRuntime:
     """The process's runtime for a run config (JSON), built on first use."""
-    runtime = ClientRuntime(resolve(config_of(config_json)))
-    if on_build is not None:
-        on_build(config_json)
-    return runtime
+    return ClientRuntime(resolve(config_of(config_json)))
 
 
 def runtime_for(msg: Message) -> ClientRuntime:

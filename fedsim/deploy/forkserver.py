@@ -7,12 +7,11 @@ model (1.4 s for CIFAR-10) before its few steps of work. Under ``fedsim-supernod
 :mod:`fedsim.deploy.clientapp_shim`, which hands its arguments and stdio to this server; the server
 forks a child that runs Flower's own ``flwr-clientapp`` code. Each task is still a process of its own that
 serves one Message and exits, as in Flower, but it starts with everything imported; and once a child
-has built a run's :class:`~fedsim.client.runtime.ClientRuntime` (data, split, model), it tells the server,
-which builds the same runtime so that the children it forks next inherit it.
+has built a run's runtime (data, split, model), its ClientApp (:mod:`fedsim.deploy.clientapp`) tells the
+server, which builds the same runtime so that the children it forks next inherit it (:mod:`fedsim.deploy.warm`).
 
 The server itself never starts a thread pool, CUDA or a network connection, which a forked child could
-not use: torch runs single-threaded here (a child sets the run's threads on its first Message), and the
-runtime is built on the CPU device only when the run trains there.
+not use.
 
 One process serves every task of the node, so no connection may hold it: a connection's request is read once
 it has sent something, and must then come whole within :data:`REQUEST_S` (a shim sends it in one go).
@@ -30,6 +29,7 @@ import traceback
 
 from fedsim.deploy import flower_waits
 from fedsim.deploy.clientapp_shim import HEADER, REPLY
+from fedsim.deploy.warm import keep_warm, preload
 from fedsim.processes import die_with
 
 MAX_REQUEST = 1 << 20  # bytes of one request's JSON (its command line)
@@ -37,22 +37,6 @@ MAX_CONFIG = 1 << 22  # bytes of a run config a child announces
 REQUEST_S = 10.0  # how long the rest of a request may take once its first bytes came
 REQUEST = "request"  # the selector's mark of a connection whose request has not come yet
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what stops a task (the SuperExec, a shim forwarding)
-
-
-def preload() -> None:
-    """Import what every ClientApp process imports, once: Flower's client runtime and its HTTP stack,
-    fedsim's ClientApp, and torch's kernels' first-use set-up (one SGD step of fedsim's)."""
-    import httpcore  # noqa: F401 (imported by the Runtime API's client when it opens its transport)
-    import torch
-    from flwr.supernode.cli import flwr_clientapp  # noqa: F401
-
-    import fedsim.client.app  # noqa: F401
-    from fedsim.client.sgd import LocalSgd
-
-    torch.set_num_threads(1)
-    param = torch.nn.Parameter(torch.zeros(1))
-    param.grad = torch.ones(1)
-    LocalSgd([param], lr=0.1, momentum=0.9, weight_decay=0.0).step()
 
 
 def read_request(conn: socket.socket) -> tuple[list[str], list[int]]:
@@ -90,9 +74,9 @@ def run_task(argv: list[str], fds: list[int], announce: socket.socket, server: i
             os.close(fd)
         from flwr.supernode.cli.flwr_clientapp import flwr_clientapp
 
-        from fedsim.client import runtime
+        from fedsim.deploy.clientapp import app
 
-        runtime.on_build = lambda config_json: announce.send(config_json.encode()[:MAX_CONFIG])
+        app.announce = lambda config_json: announce.send(config_json.encode()[:MAX_CONFIG])
         sys.argv = ["flwr-clientapp", *argv]
         flwr_clientapp()
         code = 0
@@ -107,20 +91,6 @@ def run_task(argv: list[str], fds: list[int], announce: socket.socket, server: i
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-
-
-def warm(config_json: bytes) -> None:
-    """Build the runtime for a run config a child announced, and warm its kernels, so that later children
-    inherit both."""
-    from fedsim.client import runtime
-
-    try:
-        config = config_json.decode()
-        if runtime.config_of(config).simulation.device != "cpu":
-            return  # a CUDA context cannot cross a fork: each child builds its runtime on the GPU itself
-        runtime.prepare(config).warm_up()
-    except Exception as err:  # noqa: BLE001 (children build it themselves, and report what fails)
-        print(f"fedsim fork server: not keeping this run warm for the tasks it forks: {err}", file=sys.stderr)
 
 
 def serve(listener: socket.socket) -> None:
@@ -148,7 +118,7 @@ def serve(listener: socket.socket) -> None:
                 sel.unregister(key.fileobj)
                 start_task(key.fileobj, sel, tasks, announce, server)  # type: ignore[arg-type]
             elif key.fileobj is announced:
-                warm(announced.recv(MAX_CONFIG))
+                keep_warm(announced.recv(MAX_CONFIG))
             elif key.data in tasks and shim_gone(key.fileobj):  # type: ignore[arg-type]
                 os.kill(key.data, signal.SIGTERM)  # so is whoever waited for the task
                 sel.unregister(key.fileobj)

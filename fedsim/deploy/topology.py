@@ -116,7 +116,7 @@ def app_pyproject() -> str:
         "project": {"name": "fedsim-run", "version": "1.0.0", "description": "a fedsim run", "license": "MIT"},
         "tool": {"flwr": {"app": {
             "publisher": "fedsim",
-            "components": {"serverapp": "fedsim.server.app:app", "clientapp": "fedsim.client.app:app"},
+            "components": {"serverapp": "fedsim.deploy.serverapp:app", "clientapp": "fedsim.deploy.clientapp:app"},
             "config": {wire.RUN_CONFIG: "", wire.RESUME: False},  # the SuperLink refuses keys not named here
         }}},
     })  # fmt: skip

@@ -48,7 +48,7 @@ def discover_partitions(grid: Grid, cfg: RunConfig, data_sha256: str, wait_s: fl
                     f"node {node} does not run fedsim's ClientApp: it has no {wire.QUERY_PARTITION!r} handler. "
                     "fedsim's ServerApp needs its client protocol (docs/protocol.md): the partition query, "
                     "train and evaluate replies with 'partition-id', 'num-examples', 'train-loss', 'correct' "
-                    "and 'eval-loss'; run fedsim's ClientApp (fedsim.client.app:app) on every node"
+                    "and 'eval-loss'; run fedsim's ClientApp (fedsim.deploy.clientapp:app) on every node"
                 )
             raise FedsimError(f"node {node} failed the partition query: {reply.error.reason}")
         pid = wire.partition_of(reply)

@@ -26,9 +26,9 @@ from fedsim.arrays import to_array_record
 from fedsim.config import RunConfig
 from fedsim.console import console, partition_table, summary_table
 from fedsim.data.fingerprint import DATA_FINGERPRINT
-from fedsim.engines.layout import torch_threads
 from fedsim.errors import ConfigError, PluginExit, TrainingError
 from fedsim.experiment import Experiment, build_server
+from fedsim.layout import torch_threads
 from fedsim.plugin_guard import plugin_code
 from fedsim.rundir import (
     MODEL_CHECKSUM,

@@ -5,8 +5,8 @@ and sleeps a fixed 3 s whenever some are missing: a phase of a round (training, 
 query, a checkpoint's state messages) ends on average 1.5 s after its last reply came in. fedsim's
 round loop needs nothing else of ``send_and_receive``, so :class:`PromptGrid` does the same through the
 Grid's public ``push_messages`` / ``pull_messages``, pulling every 0.1 s (a pull is one small request).
-Under a SuperLink it also packs each Message's ArrayRecords for the way (:mod:`fedsim.packing`) and
-unpacks the replies, so the round loop and the strategies see them as they were.
+A wrapper that acts at every pull (the ``flower`` engine's: a stop, a message to send again) builds on it
+by overriding ``pull_messages``, which Flower's own ``send_and_receive`` would bypass.
 """
 
 from __future__ import annotations
@@ -18,18 +18,14 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
-from fedsim.packing import is_packed, pack, unpack
-
 POLL_S = 0.1
 
 
 class PromptGrid(Grid):
-    """``grid`` with :meth:`send_and_receive` pulling every :data:`POLL_S` seconds, its Messages'
-    ArrayRecords ``packed`` for a transport between processes; the rest delegated."""
+    """``grid`` with :meth:`send_and_receive` pulling every :data:`POLL_S` seconds; the rest delegated."""
 
-    def __init__(self, grid: Grid, packed: bool = False) -> None:
+    def __init__(self, grid: Grid) -> None:
         self.grid = grid
-        self.packed = packed
 
     def set_run(self, run: Run) -> None:
         self.grid.set_run(run)
@@ -54,18 +50,11 @@ class PromptGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Push ``messages``; the replies that came within ``timeout`` seconds (None: wait for all)."""
-        messages = list(messages)
-        if self.packed:
-            for msg in messages:
-                msg.content = pack(msg.content)
         waiting = set(self.push_messages(messages))
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
         while waiting:
             pulled = list(self.pull_messages(waiting))
-            for reply in pulled if self.packed else ():  # a ClientApp packs its reply to a packed Message
-                if reply.has_content() and is_packed(reply.content):
-                    reply.content = unpack(reply.content)
             replies += pulled
             waiting -= {m.metadata.reply_to_message_id for m in pulled}
             if not waiting or (deadline is not None and time.monotonic() >= deadline):

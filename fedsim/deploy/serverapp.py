@@ -1,4 +1,5 @@
-"""fedsim's Flower ServerApp, for Flower's own runtimes (a SuperLink, ``flwr run``).
+"""fedsim's Flower ServerApp, for Flower's own runtimes (a SuperLink, ``flwr run``); ``fedsim run`` runs
+:func:`fedsim.server.loop.run_server` itself, on its engine's Grid, and never loads this module.
 
 It reads the run config from Flower's run config (inline JSON, or a YAML path inside the app
 bundle), resolves it, and runs :func:`fedsim.server.loop.run_server`; with ``fedsim-resume = true`` in
@@ -19,6 +20,7 @@ from flwr.superlink.grid import HttpGrid
 from fedsim import wire
 from fedsim.config import RunConfig, load_config
 from fedsim.deploy import flower_waits
+from fedsim.deploy.packing import PackedGrid
 from fedsim.errors import FedsimError
 from fedsim.experiment import resolve
 from fedsim.rundir import RunDir, claimed, default_run_dir
@@ -61,7 +63,7 @@ def main(grid: Grid, context: Context) -> None:
                 resume_config(cfg.output.run_dir)
             # no 3 s sleeps between a SuperLink's pulls, Messages packed for the way; and nobody sees a
             # ServerApp's console under a SuperLink: the launcher (fedsim deploy) or fedsim submit shows the run
-            grid = PromptGrid(grid, packed=under_superlink)
+            grid = PackedGrid(grid) if under_superlink else PromptGrid(grid)
             run_server(grid, resolve(cfg), resume, show=False if under_superlink else None)
         except Exception as err:  # under a SuperLink nobody sees this process's traceback: leave the reason
             message = str(err) if isinstance(err, FedsimError) else f"{type(err).__name__}: {err}"

@@ -8,21 +8,23 @@ turn at every hop. :func:`pack` makes each ArrayRecord one Array holding its ten
 back to back, their keys, dtypes, shapes and lengths in a ConfigRecord (:data:`wire.PACKED`), so the
 Message is 6 objects; :func:`unpack` restores Arrays with the same bytes, so nothing computed changes.
 
-fedsim's ServerApp packs what it sends and unpacks what it receives only under a SuperLink
-(:class:`fedsim.server.polling.PromptGrid`), and its ClientApp (:func:`packed_transport`, a Flower mod)
-unpacks a Message that came packed and packs its reply. Under ``fedsim run`` Messages stay in one
-process and nothing is packed.
+fedsim's ServerApp for Flower's runtimes (:mod:`fedsim.deploy.serverapp`) packs what it sends and unpacks
+what it receives only under a SuperLink (:class:`PackedGrid`), and its ClientApp
+(:mod:`fedsim.deploy.clientapp`, through the mod :func:`packed_transport`) unpacks a Message that came
+packed and packs its reply. ``fedsim run`` never loads this module: its Messages stay in one process,
+or travel between Ray's processes as Python objects.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fedsim import wire
 from fedsim.errors import ProtocolError
+from fedsim.server.polling import PromptGrid
 
 STYPE = "fedsim.packed"  # the packed Array's serialisation type: its data is the tensors' bytes back to back
 
@@ -80,3 +82,18 @@ def packed_transport(msg: Message, context: Context, call_next: Callable[[Messag
     if reply.has_content():
         reply.content = pack(reply.content)
     return reply
+
+
+class PackedGrid(PromptGrid):
+    """A SuperLink's Grid as the round loop uses it: prompt pulls (:class:`PromptGrid`), each Message packed
+    for the way and each packed reply unpacked, so the round loop and the strategies see records as they were."""
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        messages = list(messages)
+        for msg in messages:
+            msg.content = pack(msg.content)
+        replies = list(super().send_and_receive(messages, timeout=timeout))
+        for reply in replies:  # a ClientApp packs its reply to a packed Message; an error reply has no content
+            if reply.has_content() and is_packed(reply.content):
+                reply.content = unpack(reply.content)
+        return replies
