@@ -42,7 +42,7 @@ from fedsim.experiment import resolve
 from fedsim.files import check_links, write_file
 from fedsim.integrity import read_torch, verify
 from fedsim.names import control_character, cut, unprintable
-from fedsim.norms.ln_variants import seed_norm_noise
+from fedsim.norms import seed_norm_noise
 from fedsim.reading import read_json
 from fedsim.registry import PluginParams
 from fedsim.rundir import (
