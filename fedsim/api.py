@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from fedsim.config import RunConfig, apply_overrides, check_keys_once, load_config, parse_config
+from fedsim.config import RunConfig
+from fedsim.config_file import apply_overrides, check_keys_once, load_config, parse_config
 from fedsim.environment import check_working_directory
 from fedsim.errors import ConfigError, brief
 from fedsim.records import read_run

@@ -31,7 +31,8 @@ from pydantic import Field
 from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.client.runtime import ClientRuntime, round_seed
 from fedsim.client.training import ClientRound, train_local
-from fedsim.config import MAX_LOCAL_STEPS, RunConfig, read_run_config
+from fedsim.config import MAX_LOCAL_STEPS, RunConfig
+from fedsim.config_file import read_run_config
 from fedsim.data.fingerprint import DATA_FINGERPRINT, check_same_data
 from fedsim.diagnostics import ProbeDiagnostics, probe_images
 from fedsim.engines.layout import torch_threads

@@ -67,7 +67,8 @@ from pydantic import (
     model_validator,
 )
 
-from fedsim.config import THREADS_PER_CPU, HomePath, RunConfig, format_validation_error, load_config, read_yaml
+from fedsim.config import THREADS_PER_CPU, HomePath, RunConfig
+from fedsim.config_file import format_validation_error, load_config, read_yaml
 from fedsim.engines.layout import choose_layout, usable_cores
 from fedsim.environment import check_ray_temp_dir, check_working_directory
 from fedsim.errors import ERROR_FILE_ENV, ConfigError, FedsimError, TrainingError, brief

@@ -115,3 +115,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     end, instead of ending on one long test while the other worker idles (measured, loaded: slow tests in
     file order left one worker idle for the last 80 s, 4% of the run)."""
     items.sort(key=lambda item: (item.get_closest_marker("long") is None, item.get_closest_marker("slow") is None))
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], path: Path, *overrides: str) -> tuple[int, str]:
+    """``fedsim run PATH [--set OVERRIDES]`` in this process: its exit status and what it wrote to stderr."""
+    from fedsim.cli import main
+
+    argv = ["run", str(path)] + (["--set", *overrides] if overrides else [])
+    code = main(argv)
+    err = capsys.readouterr().err
+    return code, err

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from fedsim.client import runtime
-from fedsim.config import load_config
+from fedsim.config_file import load_config
 from fedsim.deploy import clientapp_shim, forkserver
 from fedsim.deploy.supernode import start_fork_server
 from fedsim.evaluation import FORWARD_CHUNK

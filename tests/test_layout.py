@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fedsim.config import parse_config
+from fedsim.config_file import parse_config
 from fedsim.deploy.compose import container_config
 from fedsim.engines.layout import choose_layout, torch_threads, usable_cores
 from fedsim.runner import run
