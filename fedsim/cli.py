@@ -86,7 +86,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from fedsim import api
-    from fedsim.sweep import CellsFailed
+    from fedsim.sweep.execute import CellsFailed
 
     try:
         sweep = api.run_sweep(args.sweep, args.set, args.parallel, args.output)

@@ -144,7 +144,7 @@ def test_a_path_starting_with_a_tilde_is_in_the_home_directory(
     in the working directory, and a certificate at ``~/ca.pem`` was 'no file at ~/ca.pem'."""
     import yaml
 
-    from fedsim.sweep import plan
+    from fedsim.sweep.plan import plan
 
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir(), work.mkdir()

@@ -13,7 +13,8 @@ from fedsim.config_file import parse_config
 from fedsim.deploy.compose import container_config
 from fedsim.engines.layout import choose_layout, torch_threads, usable_cores
 from fedsim.runner import run
-from fedsim.sweep import cell_layout, read_sweep
+from fedsim.sweep.execute import cell_layout
+from fedsim.sweep.plan import read_sweep
 from tests.conftest import small_config, write_config
 
 AUTO = {"backend": "auto", "threads": "auto"}
