@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.config_file import load_config, parse_yaml
+from fedsim.config import RunConfig
+from fedsim.config_file import apply_overrides, check_keys_once, load_config, parse_yaml, section_keys
+from fedsim.errors import ConfigError
 from tests.conftest import run_cli, small_config, write_config
 
 
@@ -114,9 +116,30 @@ def test_an_unknown_key_at_any_level_lists_the_valid_keys_of_its_section(
 def test_several_errors_are_one_line_naming_every_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], sections: dict, overrides: list[str], problems: list[str]
 ) -> None:
-    """Every problem at once, numbered (a problem may hold a semicolon of its own), on the one line an error is:
-    pydantic's errors were a line each."""
+    """Every problem at once, numbered (a problem may hold a semicolon of its own), on the one line an error is,
+    not pydantic's line per error."""
     code, err = run_cli(capsys, write_config(tmp_path, small_config(tmp_path, **sections)), *overrides)
     assert code == 2 and err.startswith(f"fedsim: error: {len(problems)} errors: (1) ") and err.count("\n") == 1, err
     for number, problem in enumerate(problems, 1):
         assert f"({number}) {problem}" in err, err
+
+
+def test_overrides_set_dotted_keys_in_sections_made_as_needed() -> None:
+    """A value parsed as YAML, a section made where there is none, a plugin given by its name alone made
+    ``{name: <it>}``; a key inside a value that is not a section is refused naming both."""
+    raw = apply_overrides({"model": "cnn"}, ["model.norm=gn", "train.lr=1e-3"])
+    assert raw == {"model": {"name": "cnn", "norm": "gn"}, "train": {"lr": 0.001}}
+    with pytest.raises(ConfigError, match=r"^--set seed\.x: 'seed' is not a section$"):
+        apply_overrides({"seed": 1}, ["seed.x=1"])
+
+
+def test_a_key_given_twice_in_one_set_list_is_refused_with_both_values() -> None:
+    check_keys_once(["a.b=1", "a.c=2"])
+    with pytest.raises(ConfigError, match=r"^--set a\.b is given twice \('1', then '2'\): give it once$"):
+        check_keys_once(["a.b=1", "a.b=2"])
+
+
+def test_section_keys_follow_a_location_through_optional_sections_and_lists() -> None:
+    assert section_keys(RunConfig, ("eval",)) == ["every", "batch_size", "global_test"]
+    assert section_keys(RunConfig, ("deploy", "certificates")) == ["ca", "cert", "key"]  # CertificatesConfig | None
+    assert section_keys(RunConfig, ("output", "trackers", 0)) == ["name"]  # list[PluginBlock]

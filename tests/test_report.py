@@ -53,7 +53,7 @@ def test_report_columns_appear_once_each_named_by_as_much_of_the_key_as_tells_th
 
 
 def test_the_rounds_to_target_column_names_the_target_it_used() -> None:
-    """--target 0.505 was reported under 'rounds to 50%', beside runs that reached 50% and showed '-'."""
+    """The column names the target as given (--target 0.505: 50.5%), not rounded to one that other runs reached."""
     from fedsim.report import table
 
     summary = {"rounds": 2, "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.5, "final_global_acc": 0.5}

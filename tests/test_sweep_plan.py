@@ -104,7 +104,8 @@ def test_a_sweep_name_is_never_a_path(tmp_path: Path, capsys: pytest.CaptureFixt
 
 @pytest.mark.parametrize("base", ["s.yaml", "./s.yaml", "../sweeps/s.yaml"])
 def test_a_sweep_based_on_itself_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], base: str) -> None:
-    """Read as a run config, the sweep file was an error per sweep key (data missing, base and grid unknown)."""
+    """One line saying the base is the sweep file itself, not an error per sweep key that reading it as a run config
+    would give (data missing, base and grid unknown)."""
     path = tmp_path / "sweeps" / "s.yaml"
     path.parent.mkdir()
     path.write_text(yaml.safe_dump({"base": base, "output": str(tmp_path / "out"), "grid": {"seed": [0, 1]}}))
@@ -188,9 +189,9 @@ def test_unreadable_data_is_refused_before_any_run(tmp_path: Path, capsys: pytes
 def test_a_finished_cell_without_a_readable_config_is_refused_before_any_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A cell's directory with summary.json but its config.yaml missing or unreadable shows no settings to compare:
-    the sweep called it "already complete" (and report then refused it). It is a damaged run directory, refused
-    in one line naming it before any cell runs."""
+    """A cell's directory with summary.json but its config.yaml missing or unreadable shows no settings to compare,
+    so nothing shows it is the cell's run: it is a damaged run directory, never "already complete", refused in one
+    line naming it before any cell runs."""
     path = make_sweep(tmp_path, {"seed": [0, 1]})
     out = run_sweep(path, log=lambda _: None)
     shutil.rmtree(out / "seed=0")  # a cell still to run: it must not start
