@@ -48,7 +48,7 @@ FIRST_TIMED_ROUND = 5
 def write_cifar_pickles(out: Path) -> None:
     """fedsim's decoded q75 CIFAR-10 in torchvision's layout (``cifar-10-batches-py``: 5 train batches,
     the test batch, the class names)."""
-    from fedsim.config import load_config
+    from fedsim.config_file import load_config
     from fedsim.experiment import resolve
 
     ds = resolve(load_config(CONFIG)).federation().dataset
@@ -113,7 +113,7 @@ def lnfl_run(lnfl: Path, work: Path, rounds: int, times: dict[str, list[float]])
 
 def fedsim_run(work: Path, rounds: int, times: dict[str, list[float]]) -> None:
     """Child process: ``fedsim run`` of the shipped config, its round ends and evaluation timed."""
-    from fedsim.config import load_config
+    from fedsim.config_file import load_config
     from fedsim.runner import run
     from fedsim.server.reporter import RoundReporter
 
@@ -175,7 +175,7 @@ def main() -> None:
     if args.rounds <= FIRST_TIMED_ROUND:
         raise SystemExit(f"--rounds {args.rounds}: rounds {FIRST_TIMED_ROUND} to the last are timed; give more")
     work = Path(tempfile.mkdtemp(prefix="fedsim-vs-lnfl-"))
-    from fedsim.config import load_config
+    from fedsim.config_file import load_config
     from fedsim.layout import choose_layout
 
     sim = choose_layout(load_config(CONFIG)).simulation

@@ -34,7 +34,8 @@ from rich.table import Table
 
 from fedsim.arrays import to_array_record
 from fedsim.client.runtime import round_seed
-from fedsim.config import RunConfig, parse_config
+from fedsim.config import RunConfig
+from fedsim.config_file import parse_config
 from fedsim.data.batches import BatchStream
 from fedsim.experiment import resolve
 from fedsim.layout import choose_layout, usable_cores

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from fedsim.config import RunConfig, apply_overrides, check_keys_once, load_config, parse_config
+from fedsim.config import RunConfig
+from fedsim.config_file import apply_overrides, check_keys_once, load_config, parse_config
 from fedsim.environment import check_working_directory
 from fedsim.errors import ConfigError, brief
 from fedsim.records import read_run
@@ -158,15 +159,15 @@ def run_sweep(
     log: Callable[[str], Any] = print,
 ) -> Sweep:
     """Run every unfinished cell of a sweep file (``fedsim sweep``); returns the sweep directory read back."""
-    from fedsim import sweep
+    from fedsim.sweep.execute import run_sweep as run_sweep_file
 
     file, items = _path(path, "path"), _as_list(overrides)
     out = None if output is None else _path(output, "output", or_none=True)
-    if parallel is not None and type(parallel) is not int:  # its range: sweep.run_sweep
+    if parallel is not None and type(parallel) is not int:  # its range: fedsim.sweep.execute.run_sweep
         raise ConfigError(f"parallel: give a whole number of runs at once or None (the file's), not {_got(parallel)}")
     if not callable(log):
         raise ConfigError(f"log: give a function of one str (print, a logger's info), not {_got(log)}")
-    return Sweep(Path(sweep.run_sweep(file, parallel, log=log, overrides=items, output=out)))
+    return Sweep(Path(run_sweep_file(file, parallel, log=log, overrides=items, output=out)))
 
 
 def open_sweep(sweep_dir: str | os.PathLike[str]) -> Sweep:

@@ -44,7 +44,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_deploy(args: argparse.Namespace) -> int:
-    from fedsim.config import load_config
+    from fedsim.config_file import load_config
     from fedsim.deploy import private_network
     from fedsim.deploy.launcher import deploy
     from fedsim.server.checkpoint import resume_config
@@ -62,7 +62,7 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
 def _cmd_compose(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from fedsim.config import load_config
+    from fedsim.config_file import load_config
     from fedsim.deploy.compose import write_compose
 
     cfg = load_config(args.config, args.set)
@@ -86,7 +86,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from fedsim import api
-    from fedsim.sweep import CellsFailed
+    from fedsim.sweep.execute import CellsFailed
 
     try:
         sweep = api.run_sweep(args.sweep, args.set, args.parallel, args.output)
@@ -336,7 +336,7 @@ def _command(argv: list[str] | None) -> int:
             check_working_directory()  # before torch loads: its libraries fail to, without one
             check_libraries_load()
             if getattr(args, "set", None):  # every command's --set
-                from fedsim.config import check_keys_once
+                from fedsim.config_file import check_keys_once
 
                 check_keys_once(args.set)
             if args.debug:

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from flwr.serverapp.strategy import Strategy
 
-from fedsim.config import RunConfig, load_config
+from fedsim.config import RunConfig
+from fedsim.config_file import load_config
 from fedsim.data import DATASETS, DatasetLoader
 from fedsim.data.base import check_classes
 from fedsim.errors import ConfigError, FedsimError

@@ -31,7 +31,8 @@ from pydantic import Field
 from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.client.runtime import ClientRuntime, round_seed
 from fedsim.client.training import ClientRound, train_local
-from fedsim.config import MAX_LOCAL_STEPS, RunConfig, read_run_config
+from fedsim.config import MAX_LOCAL_STEPS, RunConfig
+from fedsim.config_file import read_run_config
 from fedsim.data.fingerprint import DATA_FINGERPRINT, check_same_data
 from fedsim.diagnostics import ProbeDiagnostics, probe_images
 from fedsim.errors import ConfigError, DataError, FedsimError, brief
@@ -42,7 +43,7 @@ from fedsim.files import check_links, write_file
 from fedsim.integrity import read_torch, verify
 from fedsim.layout import torch_threads
 from fedsim.names import control_character, cut, unprintable
-from fedsim.norms.ln_variants import seed_norm_noise
+from fedsim.norms import seed_norm_noise
 from fedsim.reading import read_json
 from fedsim.registry import PluginParams
 from fedsim.rundir import (

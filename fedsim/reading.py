@@ -5,7 +5,7 @@ A reader opens only a regular file, without ever blocking on it (a FIFO, a devic
 are refused), reads at most a stated number of bytes (a 50 MB "config" is an error, not a MemoryError),
 and turns what cannot be decoded into one line that names the file and, for the JSON fedsim writes,
 the field (:func:`read_json`, :func:`read_json_lines`: pydantic schemas, whose JSON parser also bounds
-nesting). YAML goes through :func:`fedsim.config.read_yaml`, which reads with :func:`read_text`.
+nesting). YAML goes through :func:`fedsim.config_file.read_yaml`, which reads with :func:`read_text`.
 
 Errors are :class:`~fedsim.errors.FedsimError` subclasses chosen by the caller (``error=``): a config
 file is a :class:`~fedsim.errors.ConfigError`, a dataset a :class:`~fedsim.errors.DataError`.

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedsim.config import RunConfig, read_run_config
+from fedsim.config import RunConfig
+from fedsim.config_file import read_run_config
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.rundir import (
     CHECKPOINT,

@@ -272,7 +272,7 @@ def validate_options(params_cls: type[P], options: Mapping[str, Any] | None, whe
 
 def number_as_text(error: Mapping[str, Any]) -> str:
     """A hint for a pydantic ``error`` whose input is text that reads as a number where a number belongs: a quoted
-    number (fedsim's YAML reader takes ``1e-3`` unquoted as a number, as YAML 1.2 does: fedsim.config)."""
+    number (fedsim's YAML reader takes ``1e-3`` unquoted as a number, as YAML 1.2 does: fedsim.config_file)."""
     value = error.get("input")
     if error["type"] not in ("int_type", "float_type") or not isinstance(value, str):
         return ""

@@ -47,7 +47,8 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError, from_json
 
-from fedsim.config import RunConfig, read_yaml
+from fedsim.config import RunConfig
+from fedsim.config_file import read_yaml
 from fedsim.data.fingerprint import DATA_FINGERPRINT
 from fedsim.errors import DataError, FedsimError, FedsimWarning
 from fedsim.files import append_file, check_links, open_file, remove, write_file

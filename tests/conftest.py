@@ -115,3 +115,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     end, instead of ending on one long test while the other worker idles (measured, loaded: slow tests in
     file order left one worker idle for the last 80 s, 4% of the run)."""
     items.sort(key=lambda item: (item.get_closest_marker("long") is None, item.get_closest_marker("slow") is None))
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], path: Path, *overrides: str) -> tuple[int, str]:
+    """``fedsim run PATH [--set OVERRIDES]`` in this process: its exit status and what it wrote to stderr."""
+    from fedsim.cli import main
+
+    argv = ["run", str(path)] + (["--set", *overrides] if overrides else [])
+    code = main(argv)
+    err = capsys.readouterr().err
+    return code, err
+
+
+def make_sweep(tmp_path: Path, grid: dict, **extra) -> Path:  # type: ignore[no-untyped-def]
+    """A sweep file over a two-round base config in ``tmp_path``: ``grid``, and ``extra`` keys of the file."""
+    write_config(tmp_path, small_config(tmp_path, train={"rounds": 2}, eval={"every": 1}), "base.yaml")
+    sweep = {"base": "base.yaml", "name": "s", "output": str(tmp_path / "sweeps"), "grid": grid, **extra}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    return path
+
+
+def one_line(err: str) -> str:
+    """The single line a refused command prints (fedsim: error: ...), asserted to be the only one."""
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fedsim: error: "), err[-2000:]
+    return lines[0]

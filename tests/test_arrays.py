@@ -14,7 +14,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedsim import server
 from fedsim.arrays import array_view, copy_into, ndarray_to_array, tensor_to_array
-from fedsim.config import parse_config
+from fedsim.config_file import parse_config
 from fedsim.runner import run
 from fedsim.server.aggregation import BLOCK, FastAveraging, aggregate_arrayrecords
 from fedsim.server.strategy import ServerSetup

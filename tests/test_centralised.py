@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from fedsim.cli import main
-from fedsim.config import parse_config
+from fedsim.config_file import parse_config
 from fedsim.errors import ConfigError
 from fedsim.runner import run
-from fedsim.sweep import plan
+from fedsim.sweep.plan import plan
 from tests.conftest import small_config, write_config
 
 

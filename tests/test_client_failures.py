@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.config import parse_config
+from fedsim.config_file import parse_config
 from fedsim.errors import TrainingError
 from fedsim.runner import run
 from fedsim.server.replies import describe_failures

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from fedsim.cli import main
-from fedsim.config import load_config
+from fedsim.config_file import load_config
 from fedsim.deploy.compose import compose_topology
 from fedsim.errors import ConfigError
 from tests.conftest import CIFAR_Q75, MNIST_SMALL, REPO, disk_full_at

@@ -10,15 +10,8 @@ from pathlib import Path
 import pytest
 
 from fedsim.cli import main
-from fedsim.config import DeprecatedConfig, load_config, parse_yaml
-from tests.conftest import small_config, write_config
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], path: Path, *overrides: str) -> tuple[int, str]:
-    argv = ["run", str(path)] + (["--set", *overrides] if overrides else [])
-    code = main(argv)
-    err = capsys.readouterr().err
-    return code, err
+from fedsim.config_file import load_config
+from tests.conftest import run_cli, small_config, write_config
 
 
 @pytest.mark.parametrize(
@@ -151,7 +144,7 @@ def test_a_path_starting_with_a_tilde_is_in_the_home_directory(
     in the working directory, and a certificate at ``~/ca.pem`` was 'no file at ~/ca.pem'."""
     import yaml
 
-    from fedsim.sweep import plan
+    from fedsim.sweep.plan import plan
 
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir(), work.mkdir()
@@ -238,40 +231,6 @@ def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert code == 2 and "config file not found" in err and "absent.yaml" in err
 
 
-def test_overrides_are_applied_and_parsed_as_yaml(tmp_path: Path) -> None:
-    path = write_config(tmp_path, small_config(tmp_path))
-    cfg = load_config(path, ["train.rounds=5", "model.norm=fn", "model.hidden=[8, 8]", "seed=3"])
-    assert cfg.train.rounds == 5 and cfg.model.norm.name == "fn" and cfg.model.options == {"hidden": [8, 8]}
-    assert cfg.seed == 3
-    # an option of a plugin given by its name alone: the name becomes {name: <it>}
-    cfg = load_config(path, ["model.norm=gn", "model.norm.groups=4"])
-    assert cfg.model.norm.name == "gn" and cfg.model.norm.options == {"groups": 4}
-
-
-def test_deprecated_args_and_norm_args_read_as_the_new_form_with_a_warning(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    old, new = small_config(tmp_path, name="old"), small_config(tmp_path, name="old")
-    old["model"] = {"name": "mlp", "norm": "gn", "norm_args": {"groups": 4}, "args": {"hidden": [64]}}
-    new["model"] = {"name": "mlp", "norm": {"name": "gn", "groups": 4}, "hidden": [64]}
-    with pytest.warns(DeprecatedConfig) as caught:
-        old_cfg = load_config(write_config(tmp_path, old, "old.yaml"))
-    assert [str(w.message) for w in caught] == [
-        "model.args is deprecated and will be removed: write model: {name: mlp, hidden: [64]}",
-        "model.norm_args is deprecated and will be removed: write model.norm: {name: gn, groups: 4}",
-    ]
-    assert old_cfg.to_json() == load_config(write_config(tmp_path, new, "new.yaml")).to_json()
-    # the command line shows each as one plain line, then runs
-    old["train"]["rounds"] = 1
-    code, err = run_cli(capsys, write_config(tmp_path, old, "old.yaml"))
-    assert code == 0 and err.splitlines()[0].startswith("fedsim: warning: model.args is deprecated")
-    # an option given both ways is an error, not a silent choice
-    both = small_config(tmp_path)
-    both["model"] = {"name": "mlp", "hidden": [8], "args": {"hidden": [64]}}
-    code, err = run_cli(capsys, write_config(tmp_path, both, "both.yaml"))
-    assert code == 2 and "model.args repeats hidden" in err
-
-
 def test_bad_override_syntax(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_config(tmp_path, small_config(tmp_path))
     code, err = run_cli(capsys, path, "train.rounds")
@@ -340,103 +299,3 @@ def test_the_error_file_is_written_only_as_a_new_file(
     monkeypatch.setenv(ERROR_FILE_ENV, str(fresh))
     code, err = run_cli(capsys, config)
     assert code == 2 and json.loads(fresh.read_text()) == {"type": "ConfigError", "message": err.strip()[15:]}
-
-
-def test_yaml_merge_keys_merge_and_the_mapping_own_keys_win(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``<<: *base`` (YAML's merge key) merges an anchored mapping; keys given beside it replace the merged ones.
-    A key given twice is still refused, in the mapping and in a merged one."""
-    anchored = parse_yaml("base: &b {lr: 0.1, rounds: 2}\ntrain:\n  <<: *b\n  lr: 0.3\n", "a sweep's cells")
-    assert anchored == {"base": {"lr": 0.1, "rounds": 2}, "train": {"lr": 0.3, "rounds": 2}}
-    base = small_config(tmp_path)
-    train = "".join(f"  {k}: {json.dumps(v)}\n" for k, v in base.pop("train").items() if k != "lr")
-    del base["eval"]
-    path = write_config(tmp_path, base, "merge.yaml")
-    text = f"{path.read_text()}train:\n{train}  lr: 0.05\neval:\n  every: 1\n"
-    path.write_text(text + "diagnostics:\n  <<: [{features: true}, {probe_size: 8}]\n  probe_size: 16\n")
-    cfg = load_config(path)
-    assert (cfg.train.lr, cfg.train.rounds, cfg.diagnostics.features, cfg.diagnostics.probe_size) == (0.05, 4, True, 16)
-    path.write_text(text.replace("eval:\n  every: 1\n", "eval:\n  every: 1\n  <<: {every: 2, every: 3}\n"))
-    twice = f"fedsim: error: {path}: key 'every' is given twice (line {len(text.splitlines()) + 1}): give it once\n"
-    assert run_cli(capsys, path) == (2, twice)
-    path.write_text(text.replace("eval:\n  every: 1\n", "eval:\n  <<: {batch_size: 64}\n  every: 1\n  every: 2\n"))
-    code, err = run_cli(capsys, path)
-    assert code == 2 and err.startswith(f"fedsim: error: {path}: key 'every' is given twice"), err
-
-
-@pytest.mark.parametrize(
-    ("yaml_text", "problem"),
-    [
-        (
-            "seed: !!python/object/apply:os.system ['touch {tmp}/pwned']\n",
-            "could not determine a constructor for the tag 'tag:yaml.org,2002:python/object/apply:os.system' at line 1",
-        ),
-        ("seed: !custom 1\n", "could not determine a constructor for the tag '!custom' at line 1"),
-        ("train:\n  <<: 5\n", "expected a mapping or list of mappings for merging, but found scalar at line 2"),
-    ],
-)
-def test_yaml_tags_are_refused_naming_the_tag_and_what_a_config_holds(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], yaml_text: str, problem: str
-) -> None:
-    path = tmp_path / "tagged.yaml"
-    path.write_text(yaml_text.replace("{tmp}", str(tmp_path)))
-    assert run_cli(capsys, path) == (
-        2, f"fedsim: error: {path}: {problem}: a config holds plain YAML values (mappings, lists, text, numbers, "
-        "true/false, null), anchors, aliases and << merges of mappings, no other tags\n"
-    )  # fmt: skip
-    assert not (tmp_path / "pwned").exists()
-
-
-SECTIONS = "name, seed, engine, data, partition, model, strategy, train, eval, simulation, output, diagnostics, deploy"
-
-
-@pytest.mark.parametrize(
-    ("override", "where", "valid"),
-    [
-        ("foo=1", "foo", SECTIONS),
-        ("simulation.client_resources.foo=1", "simulation.client_resources.foo", "num_cpus, num_gpus"),
-        ("deploy.certificates={ca: a, cert: b, key: c, foo: 1}", "deploy.certificates.foo", "ca, cert, key"),
-        ("eval.foo=1", "eval.foo", "every, batch_size, global_test"),
-    ],
-)
-def test_an_unknown_key_at_any_level_lists_the_valid_keys_of_its_section(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, where: str, valid: str
-) -> None:
-    path = write_config(tmp_path, small_config(tmp_path))
-    code, err = run_cli(capsys, path, override)
-    assert code == 2 and err.startswith(f"fedsim: error: {where}: unknown key (got 1); valid keys: {valid}\n"), err
-
-
-@pytest.mark.parametrize(
-    ("sections", "overrides", "problems"),
-    [
-        (  # the file's errors and --set's together, each with its field, value and what is allowed
-            {"train": {"rounds": 0, "lr": -1, "bogus": 3}},
-            ["eval.every=-3"],
-            [
-                "train.rounds: Input should be greater than or equal to 1 (got 0)",
-                "train.lr: Input should be greater than 0 (got -1)",
-                "train.bogus: unknown key (got 3); valid keys: rounds, num_clients, clients_per_round, local_steps",
-                "eval.every: Input should be greater than or equal to 1 (got -3)",
-            ],
-        ),
-        (  # a plugin's options, checked once the sections are valid
-            {"strategy": {"name": "fedyogi", "eta": -1, "beta_1": 3}},
-            ["strategy.v0=x"],
-            [
-                "strategy.eta = -1 for strategy 'fedyogi': Input should be greater than 0",
-                "strategy.beta_1 = 3 for strategy 'fedyogi': Input should be less than 1",
-                "strategy.v0 = 'x' for strategy 'fedyogi': Input should be 'tau^2' or a finite number greater than",
-            ],
-        ),
-    ],
-    ids=["sections", "plugin-options"],
-)
-def test_several_errors_are_one_line_naming_every_field(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], sections: dict, overrides: list[str], problems: list[str]
-) -> None:
-    """Every problem at once, numbered (a problem may hold a semicolon of its own), on the one line an error is:
-    pydantic's errors were a line each."""
-    code, err = run_cli(capsys, write_config(tmp_path, small_config(tmp_path, **sections)), *overrides)
-    assert code == 2 and err.startswith(f"fedsim: error: {len(problems)} errors: (1) ") and err.count("\n") == 1, err
-    for number, problem in enumerate(problems, 1):
-        assert f"({number}) {problem}" in err, err

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.config import load_config
+from fedsim.config_file import load_config
 from fedsim.runner import run
 from fedsim.server.checkpoint import Checkpoint
 from tests.container_support import (

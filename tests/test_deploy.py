@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedsim.config import RunConfig, parse_config
+from fedsim.config import RunConfig
+from fedsim.config_file import parse_config
 from fedsim.ports import free_port
 from fedsim.runner import run
 from fedsim.server.checkpoint import Checkpoint
@@ -408,7 +409,7 @@ def tmp_port(run_dir: Path) -> int:
 
 def test_flwr_run_dot_runs_the_repository_as_a_flower_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What docs/deployment.md says: SuperLink + SuperNodes, then `flwr run . <superlink> --run-config config=...`."""
-    from fedsim.config import load_config
+    from fedsim.config_file import load_config
     from fedsim.deploy.launcher import LocalDeployment
     from fedsim.deploy.topology import CONNECTION
 

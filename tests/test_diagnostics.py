@@ -13,7 +13,8 @@ from PIL import Image
 from torch import nn
 
 from fedsim.cli import main
-from fedsim.config import DiagnosticsConfig, parse_config
+from fedsim.config import DiagnosticsConfig
+from fedsim.config_file import parse_config
 from fedsim.diagnostics import (
     ProbeDiagnostics,
     effective_rank,

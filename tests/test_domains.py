@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from fedsim.cli import main
-from fedsim.config import parse_config
+from fedsim.config_file import parse_config
 from fedsim.data import load_dataset
 from fedsim.data.domains import in_test_split
 from fedsim.errors import DataError

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from fedsim.config import parse_config
+from fedsim.config_file import parse_config
 from fedsim.runner import run
 from tests.conftest import small_config
 

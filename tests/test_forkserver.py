@@ -25,7 +25,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedsim import wire
 from fedsim.client import runtime
-from fedsim.config import load_config
+from fedsim.config_file import load_config
 from fedsim.deploy import clientapp_shim
 from fedsim.deploy.clientapp import DeployedClientApp
 from fedsim.deploy.supernode import start_fork_server

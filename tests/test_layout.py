@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 import yaml
 
-from fedsim.config import parse_config
+from fedsim.config_file import parse_config
 from fedsim.deploy.compose import container_config
 from fedsim.layout import choose_layout, torch_threads, usable_cores
 from fedsim.runner import run
-from fedsim.sweep import cell_layout, read_sweep
+from fedsim.sweep.execute import cell_layout
+from fedsim.sweep.plan import read_sweep
 from tests.conftest import small_config, write_config
 
 AUTO = {"backend": "auto", "threads": "auto"}

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fedsim.cli import main
-from fedsim.config import load_config
+from fedsim.config_file import load_config
 from fedsim.data import load_dataset
 from fedsim.data.fingerprint import DATA_FINGERPRINT, fingerprint
 from fedsim.integrity import digest

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from fedsim.config import parse_config
+from fedsim.config_file import parse_config
 from fedsim.runner import run
 from fedsim.server.checkpoint import Checkpoint
 from tests.conftest import REPO, small_config, write_config

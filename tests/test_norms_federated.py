@@ -13,7 +13,7 @@ import torch
 
 from fedsim.arrays import array_view
 from fedsim.client.runtime import ClientRuntime
-from fedsim.config import parse_config
+from fedsim.config_file import parse_config
 from fedsim.experiment import resolve
 from fedsim.norms import NORMS
 from fedsim.runner import run

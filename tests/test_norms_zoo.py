@@ -13,7 +13,7 @@ from torch import nn
 
 from fedsim.errors import ConfigError
 from fedsim.models import FedsimModel, create_model
-from fedsim.norms import create_norm, list_norms
+from fedsim.norms import create_norm, list_norms, seed_norm_noise
 from fedsim.norms.affine_divergence import AffineLinear, L2Linear, PatchNormConv2d
 from fedsim.norms.ln_variants import (
     EpsNorm,
@@ -21,7 +21,6 @@ from fedsim.norms.ln_variants import (
     ParallelNorm,
     RandomizedNorm,
     goldschmidt_rsqrt,
-    seed_norm_noise,
 )
 from fedsim.norms.weierstrass import WeierstrassNorm, weierstrass_F, weierstrass_rsqrt
 

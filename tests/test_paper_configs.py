@@ -22,7 +22,8 @@ from fedsim.data import load_dataset
 from fedsim.errors import ConfigError, DataError, TrainingError
 from fedsim.layout import choose_layout
 from fedsim.runner import run
-from fedsim.sweep import plan, run_sweep
+from fedsim.sweep.execute import run_sweep
+from fedsim.sweep.plan import plan
 from tests.conftest import CIFAR_Q75, MNIST_SMALL, REPO, small_config, write_config
 
 PAPER = REPO / "configs" / "paper"
@@ -224,7 +225,7 @@ def test_a_diverged_cell_does_not_stop_the_sweep(tmp_path: Path, monkeypatch: py
             raise TrainingError("training diverged in round 1: client 0: training loss is nan")
         return {"final_client_mean_acc": 0.5}
 
-    monkeypatch.setattr("fedsim.sweep._run_one", fake_run)
+    monkeypatch.setattr("fedsim.sweep.execute._run_one", fake_run)
     lines: list[str] = []
     with pytest.raises(TrainingError, match="1 of 2 sweep runs failed .*: norm=ln"):
         run_sweep(mnist_sweep(tmp_path), log=lines.append)

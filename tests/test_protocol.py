@@ -12,7 +12,7 @@ from flwr.clientapp import ClientApp
 from fedsim import wire
 from fedsim.client.app import app as fedsim_client
 from fedsim.client.app import partition_reply, query_partition
-from fedsim.config import parse_config
+from fedsim.config_file import parse_config
 from fedsim.engines.local import InlineExecutor, LocalGrid, node_context
 from fedsim.errors import ProtocolError
 from fedsim.experiment import resolve

@@ -30,7 +30,8 @@ from typing import Any
 import pytest
 import ray
 
-from fedsim.config import RAY_PROBE_TIMEOUT_S, SimulationConfig, parse_config
+from fedsim.config import RAY_PROBE_TIMEOUT_S, SimulationConfig
+from fedsim.config_file import parse_config
 from fedsim.engines import ray_pool
 from fedsim.engines.ray_address import check_ray_address
 from fedsim.errors import ConfigError

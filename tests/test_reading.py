@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedsim.cli import main
-from fedsim.config import parse_config
+from fedsim.config_file import parse_config
 from fedsim.rundir import CONFIG_CHECKSUM, RunDir, config_checksum, config_tree
 from tests.conftest import small_config, write_config
 

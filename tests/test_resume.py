@@ -20,7 +20,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedsim.cli import main
 from fedsim.client.state import load_client_state, save_client_state
-from fedsim.config import parse_config
+from fedsim.config_file import parse_config
 from fedsim.errors import FedsimError, TrainingError
 from fedsim.records import read_run
 from fedsim.rundir import CHECKPOINT

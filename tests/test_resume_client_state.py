@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from fedsim.cli import main
-from fedsim.config import parse_config
+from fedsim.config_file import parse_config
 from fedsim.integrity import digest
 from fedsim.rundir import CHECKPOINT, CLIENT_STATE
 from fedsim.runner import run

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from fedsim.config import parse_config
+from fedsim.config_file import parse_config
 from fedsim.layout import usable_cores
 from fedsim.runner import run
 from tests.conftest import CIFAR_Q75, REPO, small_config, write_config

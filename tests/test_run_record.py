@@ -17,7 +17,8 @@ import yaml
 
 from fedsim.api import Run
 from fedsim.cli import main
-from fedsim.config import THREADS_PER_CPU, parse_config
+from fedsim.config import THREADS_PER_CPU
+from fedsim.config_file import parse_config
 from fedsim.errors import FedsimError
 from fedsim.records import read_run
 from fedsim.rundir import MetricsChecksum

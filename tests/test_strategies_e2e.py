@@ -18,7 +18,8 @@ from fedsim.arrays import to_array_record
 from fedsim.cli import main as cli_main
 from fedsim.client.app import app
 from fedsim.client.runtime import ClientRuntime
-from fedsim.config import RunConfig, load_config, parse_config
+from fedsim.config import RunConfig
+from fedsim.config_file import load_config, parse_config
 from fedsim.engines.local import InlineExecutor, LocalGrid, node_context
 from fedsim.errors import ConfigError
 from fedsim.experiment import resolve

@@ -21,7 +21,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from fedsim import wire
 from fedsim.client.app import app
 from fedsim.client.vectorized import StackedForward
-from fedsim.config import parse_config
+from fedsim.config_file import parse_config
 from fedsim.deploy.launcher import deploy
 from fedsim.engines.local import InlineExecutor, LocalGrid
 from fedsim.errors import ConfigError

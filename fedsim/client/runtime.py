@@ -28,7 +28,7 @@ from fedsim.experiment import Experiment, resolve
 from fedsim.federation import Federation
 from fedsim.layout import torch_threads
 from fedsim.models import FedsimModel
-from fedsim.norms.ln_variants import seed_norm_noise
+from fedsim.norms import seed_norm_noise
 
 
 def round_seed(seed: int, server_round: int, partition_id: int) -> int:
@@ -106,7 +106,7 @@ class ClientRuntime:
         data, t = self.data(pid), self.cfg.train
         info = RoundInfo(server_round, pid, t.local_steps, t.local_epochs, t.lr, data.class_counts)
         seed = round_seed(self.cfg.seed, server_round, pid)
-        seed_norm_noise(model, seed)  # ln_randomized's noise: per client and round, any process
+        seed_norm_noise(model, seed)  # a normaliser's own noise: per client and round, whatever process
         stream = self.stream(pid, seed)
         hooks.load_global(model, msg.content.array_records[wire.ARRAYS], context.state)
         hooks.begin_round(model, msg.content, context.state, info)

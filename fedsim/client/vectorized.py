@@ -29,6 +29,7 @@ from fedsim.client.runtime import ClientRuntime, config_of, runtime_for
 from fedsim.client.training import ClientRound, train_local
 from fedsim.config import RunConfig
 from fedsim.models import FedsimModel
+from fedsim.norms import draws_own_noise
 
 
 class _FeaturesAndLogits(nn.Module):
@@ -68,7 +69,7 @@ def why_not_vectorized(model: nn.Module) -> str | None:
     if buffers:
         shown = ", ".join(buffers[:3]) + (", ..." if len(buffers) > 3 else "")
         return f"it keeps running statistics ({shown}), which one vmapped forward cannot update per client"
-    if any(callable(getattr(m, "reseed", None)) for m in model.modules()):
+    if any(draws_own_noise(m) for m in model.modules()):
         return "it draws noise from a per-client stream (reseed()), which a vmapped forward would share"
     return None
 

@@ -29,7 +29,8 @@ from typing import Any
 
 import yaml
 
-from fedsim.config import RunConfig, parse_config
+from fedsim.config import RunConfig
+from fedsim.config_file import parse_config
 from fedsim.deploy.keys import SECRET, make_node_keys, make_tls
 from fedsim.deploy.topology import RUNTIME_ENV, SUPERNODE_RUNTIME_PORT, TlsFiles, Topology, write_app
 from fedsim.errors import ConfigError, FedsimError, WriteError

@@ -18,7 +18,8 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid import HttpGrid
 
 from fedsim import wire
-from fedsim.config import RunConfig, load_config
+from fedsim.config import RunConfig
+from fedsim.config_file import load_config
 from fedsim.deploy import flower_waits
 from fedsim.deploy.packing import PackedGrid
 from fedsim.errors import FedsimError

@@ -13,6 +13,11 @@ config, never learnable) and built as ``Normaliser(params)``. A model calls, at 
 
 Each normaliser's formula and source: docs/normalizers.md.
 
+Noise: a module that draws random noise in training (``ln_randomized``) implements :class:`NoiseSource`
+(``reseed(seed)``); the client calls :func:`seed_norm_noise` (model, seed) at the start of every local round
+with its per-client, per-round seed, which gives each such module a stream of its own, so the noise is the
+same whichever process trains the client. The client knows no particular normaliser.
+
 Marking: every module a normaliser returns from ``make()`` gets the attribute
 :data:`NORM_SITE_ATTR` (``fedsim_norm_site``) set to its site, so code that must treat
 normalisation specially (FedBN keeps it local) asks :func:`is_norm_module` /
@@ -29,24 +34,30 @@ from fedsim.norms.base import (
     NORM_SITE_ATTR,
     NORMS,
     SITES,
+    NoiseSource,
     Normaliser,
     Site,
     create_norm,
+    draws_own_noise,
     get_norm,
     is_norm_module,
     list_norms,
     norm_modules,
+    seed_norm_noise,
 )
 
 __all__ = [
     "NORM_SITE_ATTR",
     "NORMS",
     "SITES",
+    "NoiseSource",
     "Normaliser",
     "Site",
     "create_norm",
+    "draws_own_noise",
     "get_norm",
     "is_norm_module",
     "list_norms",
     "norm_modules",
+    "seed_norm_noise",
 ]

@@ -1,5 +1,5 @@
-"""The normaliser contract (:class:`Normaliser`) and its registry; :mod:`fedsim.norms` says how a
-normaliser plugs into a model.
+"""The normaliser contract (:class:`Normaliser`, and :class:`NoiseSource` for modules that draw their own
+noise) and its registry; :mod:`fedsim.norms` says how a normaliser plugs into a model.
 """
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, Protocol, get_args
 
+import numpy as np
 from pydantic import Field
 from torch import nn
 
@@ -19,14 +20,13 @@ SITES: tuple[str, ...] = get_args(Site)
 NORM_SITE_ATTR = "fedsim_norm_site"
 
 # A normaliser's eps, added to the statistic it divides by (a variance, a squared norm): beyond 1 it outweighs
-# that of features scaled to about 1 and the normaliser stops normalising (eps=1e30 made every output 0: a
-# constant model, trained to the end with exit 0)
+# that of features scaled to about 1, the normaliser stops normalising and shrinks every output towards 0
 Eps = Annotated[float, Field(gt=0, le=1)]
 
 # A smoothing σ (ln_weierstrass, ln_randomized) is in units of v, the variance it smooths: f̃σ(v) = σ^-½ F(v/σ) is
 # within 1% of 1/√v only for v > 6.3σ and is ≈ 0.86/√σ, a constant, for v ≪ σ. Beyond 1, σ outweighs the variance
-# of features scaled to about 1, so the norm stops normalising and shrinks every site's output by ~√σ: sigma=100
-# trained a constant model (accuracy 0.1) and exited 0. ln_randomized's ξ ~ N(0, σ²) likewise drowns v beyond 1
+# of features scaled to about 1, so the norm stops normalising and shrinks every site's output by ~√σ, towards a
+# constant model. ln_randomized's ξ ~ N(0, σ²) likewise drowns v beyond 1
 Sigma = Annotated[float, Field(le=1)]
 
 
@@ -97,6 +97,33 @@ def is_norm_module(m: nn.Module) -> bool:
 def norm_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     """``(qualified name, module)`` for every normalisation module in ``model`` (FedBN's question)."""
     return ((name, m) for name, m in model.named_modules() if is_norm_module(m))
+
+
+class NoiseSource(Protocol):
+    """A module a normaliser makes that draws random noise in training (``ln_randomized``'s ξ) from a stream of its
+    own. Seeded through :func:`seed_norm_noise`, its noise depends on the seed alone, not on which process runs it
+    nor on what drew from torch's global RNG before; until seeded, it may draw from torch's global RNG."""
+
+    def reseed(self, seed: int) -> None:
+        """Restart this module's noise stream from ``seed``."""
+
+
+def draws_own_noise(module: nn.Module) -> bool:
+    """True for a module that implements :class:`NoiseSource` (a ``reseed(seed)`` method)."""
+    return callable(getattr(module, "reseed", None))
+
+
+def seed_norm_noise(model: nn.Module, seed: int) -> int:
+    """Seed every :class:`NoiseSource` module of ``model`` from one ``seed``; returns how many there are.
+
+    Each module gets its own stream, derived from (seed, its index among them in ``model.modules()``), so a
+    client that calls this at the start of each round with a per-client, per-round seed reproduces its noise
+    whatever process runs it. A model without such modules is left as it is.
+    """
+    targets = [m for m in model.modules() if draws_own_noise(m)]
+    for k, m in enumerate(targets):
+        m.reseed(int(np.random.SeedSequence([seed, k]).generate_state(1)[0]))
+    return len(targets)
 
 
 NORMS: Registry[Normaliser] = Registry("norms", Normaliser)

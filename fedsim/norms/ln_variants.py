@@ -13,7 +13,6 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Annotated, Any, TypeVar
 
-import numpy as np
 import torch
 from pydantic import Field, field_validator, model_validator
 from torch import nn
@@ -143,8 +142,8 @@ class GoldschmidtNorm(EpsNorm):
 class RandomizedNorm(EpsNorm):
     """s(v) = (max(0, v + ξ) + ε)^-½, ξ ~ N(0, σ²) per sample in training; (v + ε)^-½ in eval.
 
-    ξ comes from a per-module ``torch.Generator`` once :meth:`reseed` (see
-    :func:`seed_norm_noise`) has run, else from torch's global RNG.
+    A :class:`~fedsim.norms.base.NoiseSource`: ξ comes from a per-module ``torch.Generator`` once
+    :meth:`reseed` (see :func:`~fedsim.norms.base.seed_norm_noise`) has run, else from torch's global RNG.
     """
 
     def __init__(self, num_features: int, eps: float, sigma: float, **kwargs: Any) -> None:
@@ -172,19 +171,6 @@ class RandomizedNorm(EpsNorm):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, sigma={self.sigma}"
-
-
-def seed_norm_noise(model: nn.Module, seed: int) -> int:
-    """Seed every module with a ``reseed(seed)`` method (``ln_randomized``) from one ``seed``.
-
-    Each module gets its own stream, derived from (seed, its index in ``model.modules()``), so a
-    client that calls this at the start of each round with a per-client, per-round seed
-    reproduces its noise whatever process runs it. Returns how many modules were seeded.
-    """
-    targets = [m for m in model.modules() if callable(getattr(m, "reseed", None))]
-    for k, m in enumerate(targets):
-        m.reseed(int(np.random.SeedSequence([seed, k]).generate_state(1)[0]))
-    return len(targets)
 
 
 class MeanShift(nn.Module):
@@ -400,7 +386,7 @@ class LNRandomized(LNHost):
 
     Sites as ``ln``. One ξ per sample and site, redrawn every forward pass; σ is in units of v.
     A noisy regulariser: E[s] is not the Weierstrass f̃σ (it is ≈ ε^-½/2 at v = 0). Eval is
-    plain LN. Seeding: call :func:`seed_norm_noise` (model, seed) at the start of each local
+    plain LN. Seeding: call :func:`~fedsim.norms.base.seed_norm_noise` (model, seed) at the start of each local
     round with a per-client, per-round seed (fedsim's ``round_seed``); until then ξ comes from
     torch's global RNG, reproducible only under ``torch.manual_seed``.
     """

@@ -32,7 +32,8 @@ from flwr.serverapp import Grid
 
 from fedsim import wire
 from fedsim.arrays import array_view, to_array_record
-from fedsim.config import RunConfig, read_run_config
+from fedsim.config import RunConfig
+from fedsim.config_file import read_run_config
 from fedsim.data.fingerprint import DATA_FINGERPRINT, check_same_data
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.files import remove

@@ -1,7 +1,7 @@
 """A test plugin strategy: FedAvg that waits at the start of the round ``hold_file`` names, for as long as it
 names it, writing ``<hold_file>.<pid>`` (the round) while it waits: a run held at an exact round on any
 machine, however slow or loaded, for a test to act there, where a watcher polling the run raced it.
-``side: client`` (tests/test_sweep.py): the clients wait as they begin the round, so a signal finds the run
+``side: client`` (tests/test_sweep_execute.py): the clients wait as they begin the round, so a signal finds the run
 in it; ``side: server`` (tests/test_deploy.py): the server waits before it sends the round's Messages, so a
 SuperNode killed meanwhile is dead before the round, never half-way through sending a reply.
 No ``hold_file``: no wait. Referenced from YAML as ``tests.plugins.hold_at_round:HoldAtRound``."""

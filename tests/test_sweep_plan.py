@@ -1,0 +1,211 @@
+"""fedsim sweep's plan (fedsim.sweep.plan): the sweep file, its cells, their names and directories, all checked
+before any run (cheap)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedsim.cli import main
+from fedsim.sweep.execute import run_sweep
+from fedsim.sweep.plan import cell_name, plan
+from tests.conftest import MNIST_SMALL, make_sweep, one_line
+
+
+@pytest.mark.parametrize(
+    ("grid", "fragment"),
+    [
+        ({"model.normm": ["ln"]}, "model.normm: unknown key"),
+        ({"model.norm": []}, "empty list"),
+        ({"model.norm": ["ln", "nope"]}, "unknown norms 'nope'"),
+    ],
+)
+def test_bad_grid_fails_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str], grid, fragment) -> None:  # type: ignore[no-untyped-def]
+    path = make_sweep(tmp_path, grid)
+    assert main(["sweep", str(path)]) == 2
+    assert fragment in capsys.readouterr().err
+    assert not (tmp_path / "sweeps").exists()
+
+
+@pytest.mark.parametrize(
+    ("grid", "extra", "argv", "fragment"),
+    [
+        ({"seed": [0, 0]}, {}, [], "two cells have the same overrides (seed=0): remove the duplicate"),
+        # the overrides differ; only the directory names made of them collide (it said "the same overrides")
+        ({"data.cache_dir": ["a/b", "a_b"]}, {}, [],
+         "cells {data.cache_dir=a/b} and {data.cache_dir=a_b} differ, but their directory names collide "
+         "(cache_dir=a_b: "),
+        # each cell went to <sweep>/<cell> whatever these said
+        ({"seed": [0]}, {"set": {"output.run_dir": "x"}}, [], "set sets output.run_dir: each cell's name and "),
+        ({"seed": [0]}, {"set": {"output": {"run_dir": "x"}}}, [], "set sets output.run_dir: "),
+        ({"seed": [0]}, {"cells": [{"name": "mine"}]}, [], "cells sets name: "),
+        ({"seed": [0]}, {}, ["--set", "output.dir=x"], "--set output.dir=x: sets output.dir: each cell's name "),
+    ],
+)  # fmt: skip
+def test_cells_that_would_share_or_ignore_a_directory_are_refused(  # type: ignore[no-untyped-def]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], grid, extra, argv, fragment
+) -> None:
+    path = make_sweep(tmp_path, grid, **extra)
+    assert main(["sweep", str(path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "sweeps").exists()
+
+
+def test_invalid_cells_are_refused_together_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cells = [{"model.norm": "ln"}, {"model.norm": "nope"}, {"train.lr": -1}, {"model.norm": "none"}]
+    path = make_sweep(tmp_path, {}, cells=cells)
+    assert main(["sweep", str(path)]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("fedsim: error: 2 of 4 sweep cells are invalid, so none was run: cell norm=nope: ")
+    assert "unknown norms 'nope'" in line and "; cell lr=-1: train.lr" in line
+    assert not (tmp_path / "sweeps").exists()
+
+
+@pytest.mark.parametrize(
+    ("grid", "extra", "fragment"),
+    [
+        # a section beside a key inside it: the section's mapping would replace the other's value, and the cell
+        # named lr=0.1 would train at 0.2 (and the set values be dropped)
+        ({"train.lr": [0.1], "train": [{"lr": 0.2}]}, {}, "train and train.lr set by grid"),
+        ({}, {"cells": [{"train.lr": 0.1}, {"train": {"lr": 0.1}}]}, "train and train.lr set by cells"),
+        ({"train.rounds": [1, 2]}, {"set": {"train.rounds": 1}}, "train.rounds set by both set and grid"),
+        (
+            {},
+            {"set": {"train.rounds": 1}, "cells": [{"train": {"lr": 0.2}}]},
+            "train and train.rounds set by both cells and set",
+        ),
+    ],
+)
+def test_a_value_set_in_two_places_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], grid: dict, extra: dict, fragment: str
+) -> None:
+    assert main(["sweep", str(make_sweep(tmp_path, grid, **extra))]) == 2
+    assert fragment in one_line(capsys.readouterr().err)
+    assert not (tmp_path / "sweeps").exists()
+
+
+@pytest.mark.parametrize(
+    "name", ["../../escape", "<absolute>", "..", "a/b", "x" * 201], ids=["up", "absolute", "dotdot", "slash", "long"]
+)
+def test_a_sweep_name_is_never_a_path(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    path = make_sweep(tmp_path, {"seed": [0]}, name=name.replace("<absolute>", str(elsewhere)))
+    assert main(["sweep", str(path)]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith(f"fedsim: error: sweep file {path}: name = ") and "is a directory name under output" in line
+    assert not (tmp_path / "sweeps").exists() and not (tmp_path.parent / "escape").exists()
+    assert not elsewhere.exists()
+
+
+@pytest.mark.parametrize("base", ["s.yaml", "./s.yaml", "../sweeps/s.yaml"])
+def test_a_sweep_based_on_itself_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], base: str) -> None:
+    """One line saying the base is the sweep file itself, not an error per sweep key that reading it as a run config
+    would give (data missing, base and grid unknown)."""
+    path = tmp_path / "sweeps" / "s.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump({"base": base, "output": str(tmp_path / "out"), "grid": {"seed": [0, 1]}}))
+    assert main(["sweep", str(path)]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        f"fedsim: error: sweep file {path}: base: {base} is this sweep file; give the run config its cells start from"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_long_cell_names_are_cut_to_one_unique_directory_name(tmp_path: Path) -> None:
+    path = make_sweep(tmp_path, {"model.hidden": [[8] * 100, [8] * 101, [8] * 200]})
+    out, runs = plan(path)
+    names = [name for name, _ in runs]
+    assert [len(n) for n in names] == [200, 200, 200] and len(set(names)) == 3
+    assert names[0].startswith("hidden=[8,8,") and re.fullmatch(r"[^~]{191}~[0-9a-f]{8}", names[0])
+    assert [cfg.output.run_dir for _, cfg in runs] == [str(out / n) for n in names]
+    assert cell_name({"model.norm": "a\\b\0c d/e"}) == "norm=a_b_cd_e"
+
+
+def test_the_number_of_cells_is_bounded_before_they_are_built(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 3 x 1,001 cells, every one invalid: refused for its size at once, before any is built and validated
+    path = make_sweep(tmp_path, {"seed": list(range(1001)), "model.norm": ["no1", "no2", "no3"]})
+    assert main(["sweep", str(path)]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        f"fedsim: error: sweep file {path}: 3,003 cells (cells x axes x grid), more than max_cells = 1,000; each is "
+        "validated before the first run: shrink the grid, or set max_cells: 3003 in the file"
+    )
+    path = make_sweep(tmp_path, {"seed": [0, 1, 2]}, cells=[{"model.norm": "ln"}, {"model.norm": "none"}], max_cells=6)
+    assert len(plan(path)[1]) == 6  # raised on purpose, it lets them through
+    # 10^20 cells: refused at once from the lists' lengths, and never advised past the limit max_cells has
+    path = make_sweep(tmp_path, {f"x{i}": list(range(10)) for i in range(20)}, max_cells=10_000)
+    assert main(["sweep", str(path)]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        f"fedsim: error: sweep file {path}: 100,000,000,000,000,000,000 cells (cells x axes x grid), more than "
+        "max_cells = 10,000; each is validated before the first run: shrink the grid, or split it into several sweep "
+        "files (max_cells is at most 10,000)"
+    )
+
+
+def test_max_cells_is_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a max_cells far beyond the limit would build and validate cells for minutes, using GBs, before the first run
+    path = make_sweep(tmp_path, {"seed": [0, 1]}, max_cells=10_000_000)
+    assert main(["sweep", str(path)]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "max_cells" in err and "less than or equal to 10000" in err, err
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ({"parallel": True}, "parallel"),
+        ({"parallel": "2"}, "parallel"),
+        ({"ray": {"cpus_per_run": float("inf")}}, "ray.cpus_per_run"),
+    ],
+    ids=["boolean", "text", "inf"],
+)
+def test_sweep_numbers_are_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra, fragment) -> None:  # type: ignore[no-untyped-def]
+    path = make_sweep(tmp_path, {"seed": [0]}, **extra)
+    assert main(["sweep", str(path)]) == 2
+    assert one_line(capsys.readouterr().err).startswith(f"fedsim: error: sweep file {path}: {fragment}")
+    assert not (tmp_path / "sweeps").exists()
+
+
+def test_unreadable_data_is_refused_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not an archive")
+    path = make_sweep(tmp_path, {"seed": [0, 1]}, set={"data.root": str(bad)})
+    assert main(["sweep", str(path)]) == 2  # read once for the sweep, not failing every cell in turn
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith(f"fedsim: error: npz dataset {bad}: ") and line.endswith(" (every cell of the sweep)")
+    path = make_sweep(tmp_path, {}, cells=[{"data.root": str(bad)}, {"data.root": str(MNIST_SMALL)}])
+    assert main(["sweep", str(path)]) == 2
+    bad_cell = cell_name({"data.root": str(bad)})
+    assert one_line(capsys.readouterr().err).startswith(f"fedsim: error: sweep cell {bad_cell}: npz dataset {bad}: ")
+    assert not (tmp_path / "sweeps").exists()
+
+
+def test_a_finished_cell_without_a_readable_config_is_refused_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cell's directory with summary.json but its config.yaml missing or unreadable shows no settings to compare,
+    so nothing shows it is the cell's run: it is a damaged run directory, never "already complete", refused in one
+    line naming it before any cell runs."""
+    path = make_sweep(tmp_path, {"seed": [0, 1]})
+    out = run_sweep(path, log=lambda _: None)
+    shutil.rmtree(out / "seed=0")  # a cell still to run: it must not start
+    config = out / "seed=1" / "config.yaml"
+    for why, damage in (
+        ("the run's config.yaml not found: ", config.unlink),
+        (f"{config}: not valid YAML (", lambda: config.write_text("train: {rounds: 2")),
+        ("its top level is not a mapping of sections", lambda: config.write_text("- train\n")),
+    ):
+        damage()
+        assert main(["sweep", str(path)]) == 2
+        line = one_line(capsys.readouterr().err)
+        assert line.startswith(
+            f"fedsim: error: sweep cell seed=1: {out / 'seed=1'} holds a finished run (summary.json) without a "
+            f"readable config.yaml ({why}"
+        ) and line.endswith("damaged run directory; restore its config.yaml, or delete that directory to redo the cell")
+        assert not (out / "seed=0").exists()
