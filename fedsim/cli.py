@@ -47,7 +47,7 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     from fedsim.config import load_config
     from fedsim.deploy import private_network
     from fedsim.deploy.launcher import deploy
-    from fedsim.server.checkpoint import resume_config
+    from fedsim.record.checkpoint import resume_config
 
     resume = _resuming(args)
     if private_network.inside():  # the launcher outside (fedsim.deploy.private_network) planned it: on stdin

@@ -658,3 +658,19 @@ def parse_config(raw: dict[str, Any], read_back: bool = False) -> RunConfig:
         return RunConfig.model_validate(raw, context={READ_BACK: read_back})
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, RunConfig)) from err
+
+
+# Config keys that do not change what a run learns: resume, checksums, reports and sweeps ignore them
+NOT_LEARNING = ("name", "output.", "simulation.", "diagnostics.", "deploy.")
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as ``{"model.norm": "ln", ...}`` (empty sections kept as leaves)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, path + "."))
+        else:
+            flat[path] = value
+    return flat

@@ -67,7 +67,16 @@ from pydantic import (
     model_validator,
 )
 
-from fedsim.config import THREADS_PER_CPU, HomePath, RunConfig, format_validation_error, load_config, read_yaml
+from fedsim.config import (
+    NOT_LEARNING,
+    THREADS_PER_CPU,
+    HomePath,
+    RunConfig,
+    flatten,
+    format_validation_error,
+    load_config,
+    read_yaml,
+)
 from fedsim.engines.layout import choose_layout, usable_cores
 from fedsim.environment import check_ray_temp_dir, check_working_directory
 from fedsim.errors import ERROR_FILE_ENV, ConfigError, FedsimError, TrainingError, brief
@@ -78,7 +87,10 @@ from fedsim.names import NAME_RULE, cut, is_name, printable
 from fedsim.ownership import check_not_in_a_run
 from fedsim.processes import die_with_parent, signals_ignored, sigterm_as_interrupt, stop_tree
 from fedsim.reading import SUMMARY_BYTES, read_text
-from fedsim.rundir import CHECKPOINT, NOT_LEARNING, SUMMARY, check_run_links, claimed, flatten, read_summary
+from fedsim.record.claim import claimed
+from fedsim.record.layout import CHECKPOINT, SUMMARY
+from fedsim.record.paths import check_run_links
+from fedsim.record.reader import read_summary
 from fedsim.trackers import resolve_trackers
 
 OUTPUT = "--output (or the sweep file's output)"  # the sweep directory, as messages name it
@@ -434,7 +446,7 @@ def finished(cfg: RunConfig) -> bool:
 @contextmanager
 def claimed_sweep(out: Path, cells: list[str]) -> Iterator[None]:
     """One ``fedsim sweep`` at a time in a sweep directory (its runs each own their own directory too). A cell
-    that is a link, or a link in a cell, stops the sweep before any cell runs (:func:`fedsim.rundir.claimed`)."""
+    that is a link, or a link in a cell, stops the sweep before any cell runs (:func:`fedsim.record.claim.claimed`)."""
     check_links(out, cells, deep=False)
     for cell in cells:
         check_run_links(out / cell)
@@ -454,8 +466,8 @@ def cell_layout(cfg: RunConfig, sweep: SweepFile, workers: int) -> RunConfig:
 
 
 def _run_one(cfg_json: str, resume: bool = False) -> dict[str, Any]:
+    from fedsim.record.checkpoint import resume_config
     from fedsim.runner import run
-    from fedsim.server.checkpoint import resume_config
 
     cfg = RunConfig.from_json(cfg_json)
     return run(resume_config(cfg.output.run_dir or "") if resume else cfg, resume=resume)

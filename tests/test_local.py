@@ -14,11 +14,10 @@ import torch
 from fedsim.cli import main
 from fedsim.config import load_config
 from fedsim.data import load_dataset
-from fedsim.data.fingerprint import DATA_FINGERPRINT, fingerprint
-from fedsim.integrity import digest
+from fedsim.data.fingerprint import fingerprint
 from fedsim.local import local_dir
 from fedsim.names import MAX_NAME, is_name
-from fedsim.rundir import summary_checksum
+from fedsim.record.checksums import DATA_FINGERPRINT, digest, summary_checksum
 from fedsim.runner import run
 from tests.conftest import MNIST_SMALL, REPO
 from tests.test_data_integrity import relabelled

@@ -15,7 +15,8 @@ import pytest
 
 from fedsim.cli import main
 from fedsim.config import parse_config
-from fedsim.rundir import CONFIG_CHECKSUM, RunDir, config_checksum, config_tree
+from fedsim.record.checksums import CONFIG_CHECKSUM, config_checksum, config_tree
+from fedsim.record.writer import RunDir
 from tests.conftest import small_config, write_config
 
 
@@ -346,7 +347,7 @@ def test_report_into_a_directory_it_cannot_write_is_one_line(
 def test_a_model_or_checkpoint_that_is_a_fifo_is_refused_unread(tmp_path: Path) -> None:
     """torch.load waited on a FIFO forever (fedsim local on a run whose model.pt is one; a checkpoint)."""
     from fedsim.errors import FedsimError
-    from fedsim.integrity import read_torch
+    from fedsim.record.reader import read_torch
 
     with pytest.raises(FedsimError, match=r"model .*fifo.pt: a FIFO \(named pipe\), not a regular file"):
         read_torch(make_fifo(tmp_path / "fifo.pt"), "model")

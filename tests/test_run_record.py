@@ -19,8 +19,8 @@ from fedsim.api import Run
 from fedsim.cli import main
 from fedsim.config import THREADS_PER_CPU, parse_config
 from fedsim.errors import FedsimError
-from fedsim.records import read_run
-from fedsim.rundir import MetricsChecksum
+from fedsim.record.checksums import MetricsChecksum
+from fedsim.record.run import read_run
 from fedsim.runner import run
 from tests.conftest import small_config
 
@@ -254,7 +254,7 @@ def test_a_run_of_an_earlier_fedsim_is_read_after_a_config_key_is_added(
 ) -> None:
     """The checksum is of config.yaml's own keys: a run made before a key existed (its config.yaml without it,
     its summary's checksum of that file) is read by a fedsim that has the key, with its default."""
-    from fedsim.rundir import config_checksum
+    from fedsim.record.checksums import config_checksum
 
     runs = tmp_path / "runs"
     shutil.copytree(finished, runs)
@@ -295,7 +295,7 @@ def test_runs_gathered_by_symlink_are_read_each_once(
 def stopped_before_its_first_evaluation(root: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A run of :func:`finished`'s config and ``seed`` interrupted in round 2 (Ctrl-C), after its checkpoint of
     round 1 and before its first evaluation (round 2): a seed of a sweep under way. (Interrupted before its
-    first checkpoint, it recorded nothing and its directory is taken back: fedsim.rundir.take_back.)"""
+    first checkpoint, it recorded nothing and its directory is taken back: fedsim.record.claim.take_back.)"""
     from fedsim.server.reporter import RoundReporter
 
     trained = RoundReporter.trained
@@ -501,7 +501,7 @@ def test_a_run_that_moves_on_while_it_is_read_is_read_again(
     """A live run writes two lines between the reader's progress.json and its metrics.jsonl (a fast run,
     evaluated each round): read as it was, it had lines past what progress.json covers and was refused; its
     progress.json read again has moved on, so both are read again, of one round."""
-    import fedsim.records
+    import fedsim.record.run
 
     run_dir = tmp_path / "live"
     shutil.copytree(finished / "seed0", run_dir)
@@ -510,12 +510,12 @@ def test_a_run_that_moves_on_while_it_is_read_is_read_again(
     edit_json(
         run_dir / "progress.json", round=2, metrics_lines=1, metrics_sha256=MetricsChecksum(lines(run_dir)[:1]).sha256
     )
-    read = fedsim.records.read_metrics
+    read = fedsim.record.reader.read_metrics
 
     def moving_on(*args: object, **kwargs: object) -> object:
         metrics = read(*args, **kwargs)
         (run_dir / "progress.json").write_text(now)  # the run's progress.json of round 5, written meanwhile
         return metrics
 
-    monkeypatch.setattr(fedsim.records, "read_metrics", moving_on)
+    monkeypatch.setattr(fedsim.record.run, "read_metrics", moving_on)
     assert [line["round"] for line in read_run(run_dir)["metrics"]] == [2, 4, 5]

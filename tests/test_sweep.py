@@ -90,9 +90,9 @@ def test_sweep_runs_grid_skips_finished_and_reports(tmp_path: Path) -> None:
     assert (out / "results.md").read_text().startswith("| norm | seeds |")
 
     # the same groups, as mean ± std bands over the seeds (fedsim plot --mean-over-seeds, the report's plot)
+    from fedsim.grouping import seed_groups
     from fedsim.plots import mean_and_std
     from fedsim.report import load_runs
-    from fedsim.rundir import seed_groups
 
     groups = seed_groups(load_runs(out))
     assert list(groups) == ["norm=ln", "norm=none"] and all(len(m) == 2 for m in groups.values())
@@ -123,8 +123,8 @@ def test_report_plots_final_accuracy_against_a_swept_key(tmp_path: Path) -> None
 def test_report_columns_appear_once_each_named_by_as_much_of_the_key_as_tells_them_apart() -> None:
     """A varied key whose last part is another column's name (train.rounds beside the rounds run) or another
     varied key's (model.norm.eps, strategy.eps) is named by more of its path, in the table as in the legends."""
+    from fedsim.grouping import seed_groups
     from fedsim.report import table
-    from fedsim.rundir import seed_groups
 
     def run(rounds: int, eps: float, seed: int) -> dict:  # type: ignore[type-arg]
         config = {"seed": seed, "train.rounds": rounds, "model.norm.eps": eps, "strategy.eps": 0.1}
@@ -192,7 +192,7 @@ def cell_processes(out: Path, sweep_pid: int) -> list[int]:
 
 
 def checkpointed_round(run_dir: Path) -> int:
-    from fedsim.server.checkpoint import Checkpoint
+    from fedsim.record.checkpoint import Checkpoint
 
     try:
         return Checkpoint.load(run_dir).round
