@@ -259,8 +259,10 @@ def test_other_data_than_the_run_trained_on_is_refused(
     run_dir = tmp_path / "copy"
     shutil.copytree(finished_run, run_dir, ignore=shutil.ignore_patterns("local-*"))
     summary = json.loads((run_dir / "summary.json").read_text())
-    del summary[DATA_FINGERPRINT], summary["summary_sha256"]  # as a fedsim before fingerprints wrote it
+    del summary[DATA_FINGERPRINT], summary["summary_sha256"], summary["record_version"]  # a fedsim before them
     (run_dir / "summary.json").write_text(json.dumps(summary))
+    assert main(["record", "upgrade", str(run_dir)]) == 0  # upgraded: still without a fingerprint
+    capsys.readouterr()
     assert main(["local", str(run_dir), "--client", "0", "--steps", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"summary.json: records no fingerprint ({DATA_FINGERPRINT})" in err[0]

@@ -70,18 +70,7 @@ def claimed(
     if os.environ.get(HELD_ENV) == str(path):  # the launcher that started this process owns it for us
         yield
         return
-    fd = open_file(path / LOCK, os.O_RDWR | os.O_CREAT)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
-            raise FedsimError(
-                f"{field} {path} is in use by another fedsim {owner} ({holder}); wait for it to end, or give "
-                f"this {owner} another {field}"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
+    with locked(path, field, owner):
         if not resume:
             check_fresh(path, field, owner)  # again, now that nobody else can write here
             for name in FRESH_CLEARS:
@@ -95,6 +84,25 @@ def claimed(
             if not resume and owner == "run":  # while the lock is held: no other run is writing here
                 take_back(path, marked, made)
             raise
+
+
+@contextmanager
+def locked(path: Path, field: str = "output.run_dir", owner: str = "run") -> Iterator[None]:
+    """``path``'s lock held while the block runs, with this process's pid in it; held by another live process,
+    an error naming its pid (``field`` named ``path``; ``owner``: what holds it, for the message)."""
+    fd = open_file(path / LOCK, os.O_RDWR | os.O_CREAT)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            raise FedsimError(
+                f"{field} {path} is in use by another fedsim {owner} ({holder}); wait for it to end, or give "
+                f"this {owner} another {field}"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
+        yield
     finally:
         os.close(fd)  # releases the lock
 

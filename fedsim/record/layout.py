@@ -22,6 +22,11 @@ CLIENT_STATE = "client_state"  # the nodes' state files of a checkpoint, under t
 DEPLOY = "deploy"
 LOCK = ".lock"
 LOCAL_JSON = "local.json"  # what `fedsim local` ran, in RUN_DIR/local-<k>/ (fedsim.local), not a run's entry
+# The version of what a run directory records (its files and their checksums), which summary.json and
+# progress.json say under VERSION_KEY: readers take only this one; `fedsim record upgrade` brings an older
+# record to it (fedsim.record.upgrade)
+RECORD_VERSION = 1
+VERSION_KEY = "record_version"
 # A launcher that holds a run directory for the ServerApp it starts (fedsim deploy) names it here
 HELD_ENV = "FEDSIM_RUN_DIR_HELD"
 

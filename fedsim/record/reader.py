@@ -15,7 +15,7 @@ import torch
 from fedsim.cadence import EvalCadence
 from fedsim.errors import FedsimError
 from fedsim.reading import GIB, SUMMARY_BYTES, check_file, read_json, read_json_lines, read_text
-from fedsim.record.layout import ERROR, METRICS, PARTITION, PROGRESS, SUMMARY
+from fedsim.record.layout import ERROR, METRICS, PARTITION, PROGRESS, RECORD_VERSION, SUMMARY, VERSION_KEY
 from fedsim.record.schemas import Progress, RoundRecord, StepRecord, Summary
 
 TORCH_BYTES = 64 * GIB  # a checkpoint or model fedsim wrote: far above any the paper's models make
@@ -62,14 +62,34 @@ def read_metrics(
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:
-    """``summary.json`` of a finished run, as written, once it is what fedsim writes (:class:`Summary`)."""
-    return read_json(Path(run_dir) / SUMMARY, Summary, "summary")
+    """``summary.json`` of a finished run, as written, once it is what fedsim writes (:class:`Summary`) of this
+    record version (:func:`check_version`)."""
+    path = Path(run_dir) / SUMMARY
+    return check_version(path, read_json(path, Summary, "summary"))
 
 
 def read_progress(run_dir: str | Path) -> dict[str, Any]:
-    """``progress.json``, as written, once it is what fedsim writes (:class:`Progress`); a launcher polls it
-    while the ServerApp runs, and skips a poll that finds it missing."""
-    return read_json(Path(run_dir) / PROGRESS, Progress, "progress")
+    """``progress.json``, as written, once it is what fedsim writes (:class:`Progress`) of this record version
+    (:func:`check_version`); a launcher polls it while the ServerApp runs, and skips a poll that finds it
+    missing."""
+    path = Path(run_dir) / PROGRESS
+    return check_version(path, read_json(path, Progress, "progress"))
+
+
+def check_version(path: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` (read from ``path``) once it is of this fedsim's record version
+    (:data:`fedsim.record.layout.RECORD_VERSION`); another is refused, naming the command that upgrades an older
+    one."""
+    version = record.get(VERSION_KEY)
+    if version == RECORD_VERSION:
+        return record
+    if version is None or version < RECORD_VERSION:
+        raise FedsimError(
+            f"{path}: a run record of version {version or 0}, older than this fedsim's ({RECORD_VERSION}): upgrade "
+            f"it with `fedsim record upgrade {path.parent}`"
+        )
+    raise FedsimError(f"{path}: a run record of version {version}, newer than this fedsim's ({RECORD_VERSION}): "
+                      "read it with the fedsim that wrote it")  # fmt: skip
 
 
 def read_error(run_dir: str | Path) -> str:

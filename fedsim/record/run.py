@@ -65,7 +65,7 @@ def read_run(path: str | Path) -> RunRecord:
     else:
         progress, metrics = _progress_and_metrics(path, cfg.train.rounds, cadence)
         if progress is not None:
-            check_config(path, progress.get(CONFIG_CHECKSUM), PROGRESS, "ran")
+            check_config(path, progress[CONFIG_CHECKSUM], PROGRESS, "ran")
             check_metrics(path, progress, PROGRESS, metrics)
         elif (path / CHECKPOINT).exists():  # a resume under way, or one that stopped before its first round
             check_against_checkpoint(path, cfg, metrics)

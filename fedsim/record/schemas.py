@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
+
+from fedsim.record.layout import RECORD_VERSION
 
 
 class Written(BaseModel):
@@ -91,29 +93,57 @@ class StepRecord(MetricsRecord):
         return _within("step", value, info)
 
 
-class Progress(Written):
+class Versioned(Written):
+    """What a JSON file of the record says of its version: what an upgrade reads of an older one before it
+    knows which fields it has (fedsim.record.upgrade)."""
+
+    record_version: int | None = None
+
+
+def _complete(record: Versioned, keys: tuple[str, ...]) -> Any:
+    """``record`` once the checksums ``keys`` are all there, if it is of this record version (an older one is
+    refused whole by its reader, naming the upgrade)."""
+    if record.record_version == RECORD_VERSION and (missing := [k for k in keys if getattr(record, k) is None]):
+        raise PydanticCustomError("missing", "{key}: Field required", {"key": missing[0]})
+    return record
+
+
+class Progress(Versioned):
     """``progress.json`` (:meth:`RunDir.write_progress`): the latest round, its training loss and client-mean
     accuracy (None: not evaluated that round)."""
 
     round: int = Field(ge=0)
     loss: float | None
     acc: float | None = Field(ge=0, le=1)
-    config_sha256: str | None = None  # absent from the progress files of a fedsim before it (config_checksum)
-    partition_sha256: str | None = None  # absent from the files of a fedsim before it (partition_checksum)
-    metrics_sha256: str | None = None  # absent from the files of a fedsim before it (MetricsChecksum)
+    # of this record version (fedsim.record.reader.check_version) every one is there (_complete)
+    record_version: int | None = None
+    config_sha256: str | None = None  # fedsim.record.checksums.config_checksum
+    partition_sha256: str | None = None  # partition_checksum; None before the run wrote partition.csv
+    metrics_sha256: str | None = None  # MetricsChecksum
     metrics_lines: int | None = Field(None, ge=0)
 
+    @model_validator(mode="after")
+    def _all_checksums(self) -> Progress:
+        return _complete(self, ("config_sha256", "metrics_sha256", "metrics_lines"))
 
-class Summary(Written):
+
+class Summary(Versioned):
     """``summary.json``: the fields that ``fedsim report`` and ``fedsim plot`` read (others kept)."""
 
     rounds: int = Field(ge=1)
     final_client_mean_acc: float | None = Field(ge=0, le=1)
     best_client_mean_acc: float | None = Field(ge=0, le=1)
     final_global_acc: float | None = Field(ge=0, le=1)
-    config_sha256: str | None = None  # absent from the summaries of a fedsim before it (config_checksum)
-    partition_sha256: str | None = None  # absent from the summaries of a fedsim before it (partition_checksum)
-    data_sha256: str | None = None  # absent from the summaries of a fedsim before it (fedsim.data.fingerprint)
-    metrics_sha256: str | None = None  # absent from the summaries of a fedsim before it (MetricsChecksum)
+    # of this record version (fedsim.record.reader.check_version) every checksum is there (_complete)
+    record_version: int | None = None
+    config_sha256: str | None = None  # fedsim.record.checksums.config_checksum
+    partition_sha256: str | None = None  # partition_checksum; None: the run wrote no partition.csv
+    data_sha256: str | None = None  # fedsim.data.fingerprint (None: a summary written by hand, for a test)
+    metrics_sha256: str | None = None  # MetricsChecksum
     metrics_lines: int | None = Field(None, ge=1)
-    summary_sha256: str | None = None  # absent from the summaries of a fedsim before it (summary_checksum)
+    model_sha256: str | None = None  # digest of model.pt's state dict (None: no model.pt)
+    summary_sha256: str | None = None  # summary_checksum
+
+    @model_validator(mode="after")
+    def _all_checksums(self) -> Summary:
+        return _complete(self, ("config_sha256", "metrics_sha256", "metrics_lines", "summary_sha256"))

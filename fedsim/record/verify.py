@@ -40,9 +40,8 @@ RESUME_HINT = f"`fedsim run --resume` it from its {CHECKPOINT} (which rewrites t
 
 
 def check_summary(path: Path, cfg: RunConfig, summary: dict[str, Any]) -> None:
-    """A finished run's ``summary.json`` is the one it wrote (:func:`summary_checksum`, where it records one: a
-    fedsim since it did), of the run its ``config.yaml`` describes: the same rounds and, where the summary
-    records one, the same :func:`config_checksum`. A config edited after the
+    """A finished run's ``summary.json`` is the one it wrote (:func:`summary_checksum`), of the run its
+    ``config.yaml`` describes: the same rounds and the same :func:`config_checksum`. A config edited after the
     run (a seed, a learning rate) put the run's numbers under another config's label, or made two copies of a run
     two seeds."""
     if summary["rounds"] != cfg.train.rounds:
@@ -50,19 +49,18 @@ def check_summary(path: Path, cfg: RunConfig, summary: dict[str, Any]) -> None:
             f"{path}: summary.json says the run finished {summary['rounds']} rounds, its config.yaml's train.rounds "
             f"is {cfg.train.rounds}: {RESTORE_HINT}"
         )
-    recorded = summary.get(SUMMARY_CHECKSUM)
-    if recorded is not None and recorded != summary_checksum(summary):
+    if summary[SUMMARY_CHECKSUM] != summary_checksum(summary):
         raise FedsimError(
             f"{path}: summary.json is not the summary the run wrote ({SUMMARY_CHECKSUM} differs: a field edited after "
             f"the run): {RESTORE_HINT}"
         )
-    check_config(path, summary.get(CONFIG_CHECKSUM), SUMMARY, "finished with")
+    check_config(path, summary[CONFIG_CHECKSUM], SUMMARY, "finished with")
 
 
-def check_config(path: Path, recorded: str | None, source: str, did: str) -> None:
+def check_config(path: Path, recorded: str, source: str, did: str) -> None:
     """The run's ``config.yaml`` is the config whose :func:`config_checksum` ``source`` (summary.json of a finished
-    run, progress.json of one still running or stopped) recorded, where it records one (a fedsim since it did)."""
-    if recorded is not None and recorded != config_checksum(read_yaml(path / CONFIG, "the run's config.yaml")):
+    run, progress.json of one still running or stopped) recorded."""
+    if recorded != config_checksum(read_yaml(path / CONFIG, "the run's config.yaml")):
         raise FedsimError(
             f"{path}: config.yaml is not the config the run {did} ({CONFIG_CHECKSUM} in {source} differs; edited "
             f"after the run, or another run's): {RESTORE_HINT}"
@@ -75,13 +73,13 @@ def lines_of(count: int) -> str:
 
 
 def check_metrics(path: Path, recorded: dict[str, Any], source: str, metrics: list[dict[str, Any]]) -> None:
-    """A run's ``metrics.jsonl`` holds the lines the run wrote, as ``source`` records them (:class:`MetricsChecksum`,
-    where it does: a fedsim since it did): all of them after summary.json; after progress.json, the lines it
+    """A run's ``metrics.jsonl`` holds the lines the run wrote, as ``source`` records them (:class:`MetricsChecksum`):
+    all of them after summary.json; after progress.json, the lines it
     covers and at most the one line of the round after its own, which a run stopped between writing the two
     wrote last. A line of another run spliced in, or one edited, added or lost, put numbers on a curve that the
     run never measured."""
-    sha256, count = recorded.get(METRICS_CHECKSUM), recorded.get(METRICS_LINES)
-    if sha256 is None or count is None or (source == SUMMARY and not metrics):  # none: check_evaluations says it
+    sha256, count = recorded[METRICS_CHECKSUM], recorded[METRICS_LINES]
+    if source == SUMMARY and not metrics:  # none: check_evaluations says it
         return
     extra = metrics[count:]
     hint = RESUME_HINT if source == PROGRESS and (path / CHECKPOINT).is_file() else RESTORE_HINT
@@ -145,9 +143,9 @@ def check_partition(
     counts: dict[str, np.ndarray],
 ) -> None:  # fmt: skip
     """A run's ``partition.csv`` is its own: a row per client of its config in each split and, where ``source``
-    (the summary of a finished run, the progress of one not finished: ``recorded``) records one (a fedsim since it
-    did), the same :func:`partition_checksum`. Another run's table (another seed, beta or dataset) drew a label
-    distribution the run never trained on."""
+    (the summary of a finished run, the progress of one not finished: ``recorded``; None while a resume's checkpoint
+    vouches for the run) records one, the same :func:`partition_checksum`. Another run's table (another seed, beta
+    or dataset) drew a label distribution the run never trained on."""
     file = path / PARTITION
     shapes = {split: len(c) for split, c in counts.items()}
     if sorted(shapes) != ["test", "train"] or set(shapes.values()) != {cfg.train.num_clients}:
@@ -155,8 +153,7 @@ def check_partition(
             f"{file}: rows per split {shapes}, where the run's config.yaml has {cfg.train.num_clients} clients "
             f"(train.num_clients) in each of train and test: {RESTORE_HINT}"
         )
-    sha256 = (recorded or {}).get(PARTITION_CHECKSUM)
-    if sha256 is not None and sha256 != partition_checksum(classes, counts):
+    if recorded is not None and recorded[PARTITION_CHECKSUM] != partition_checksum(classes, counts):
         raise FedsimError(
             f"{path}: partition.csv is not the partition the run trained on ({PARTITION_CHECKSUM} in {source} "
             f"differs; edited after the run, or another run's): {RESTORE_HINT}"

@@ -30,7 +30,17 @@ from fedsim.record.checksums import (
     partition_checksum,
     summary_checksum,
 )  # fmt: skip
-from fedsim.record.layout import CONFIG, ERROR, METRICS, MODEL, PARTITION, PROGRESS, SUMMARY
+from fedsim.record.layout import (
+    CONFIG,
+    ERROR,
+    METRICS,
+    MODEL,
+    PARTITION,
+    PROGRESS,
+    RECORD_VERSION,
+    SUMMARY,
+    VERSION_KEY,
+)
 from fedsim.record.paths import make_dir
 from fedsim.record.reader import read_metrics
 
@@ -111,9 +121,10 @@ class RunDir:
         write_file(self.path / PROGRESS, json.dumps(progress, allow_nan=False).encode())
 
     def _checksums(self) -> dict[str, Any]:
-        """What progress.json and summary.json record of the run's files so far: config, partition, metrics."""
-        return {CONFIG_CHECKSUM: self.config_sha256, PARTITION_CHECKSUM: self.partition_sha256,
-                **self.metrics_checksum.record()}  # fmt: skip
+        """What progress.json and summary.json record of the run's files so far (config, partition, metrics), and
+        of which record version they are."""
+        return {VERSION_KEY: RECORD_VERSION, CONFIG_CHECKSUM: self.config_sha256,
+                PARTITION_CHECKSUM: self.partition_sha256, **self.metrics_checksum.record()}  # fmt: skip
 
     def write_error(self, message: str) -> None:
         """Why the run stopped, for a launcher that cannot see the ServerApp's exception."""
