@@ -95,3 +95,24 @@ def test_a_newer_record_and_a_live_runs_are_refused(finished: Path, tmp_path: Pa
     live = older(finished, tmp_path / "live")
     with locked(live), pytest.raises(FedsimError, match="is in use by another fedsim run"):
         upgrade_run(live)
+
+
+@pytest.mark.slow
+def test_a_stopped_run_of_an_older_fedsim_resumes_without_an_upgrade(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume replaces the stopped run's progress.json (of an older record, here) with its own: `fedsim run
+    --resume` goes on from the checkpoint, and the finished run is of this version."""
+    from fedsim.record.checkpoint import resume_config
+    from tests.test_resume import stopped_in
+
+    run_dir = tmp_path / "run"
+    raw = small_config(tmp_path, train={"rounds": 4}, eval={"every": 1},
+                       output={"run_dir": str(run_dir), "checkpoint_every": 2})  # fmt: skip
+    stopped_in(raw, 3, monkeypatch)
+    progress = json.loads((run_dir / "progress.json").read_text())
+    (run_dir / "progress.json").write_text(json.dumps({k: v for k, v in progress.items() if k != "record_version"}))
+    with pytest.raises(FedsimError, match="upgrade it with `fedsim record upgrade"):
+        read_run(run_dir)
+    run(resume_config(run_dir), resume=True)
+    assert read_run(run_dir)["summary"]["record_version"] == RECORD_VERSION
