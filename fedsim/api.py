@@ -20,8 +20,8 @@ from fedsim.config import RunConfig
 from fedsim.config_file import apply_overrides, check_keys_once, load_config, parse_config
 from fedsim.environment import check_working_directory
 from fedsim.errors import ConfigError, brief
-from fedsim.records import read_run
-from fedsim.rundir import run_dirs
+from fedsim.record.paths import run_dirs
+from fedsim.record.run import read_run
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -67,7 +67,8 @@ class Sweep:
 
     @property
     def runs(self) -> list[Run]:
-        """Its run directories, as they are now: those ``fedsim report`` reads (:func:`fedsim.rundir.run_dirs`)."""
+        """Its run directories, as they are now: those ``fedsim report`` reads
+        (:func:`fedsim.record.paths.run_dirs`)."""
         return [Run(path) for path in run_dirs(self.dir)]
 
     def table(self, target: float = 0.5) -> pd.DataFrame:
@@ -135,8 +136,8 @@ def run(source: ConfigLike, overrides: Sequence[str] = ()) -> Run:
 
 def resume(run_dir: str | os.PathLike[str]) -> Run:
     """Continue an interrupted run from its last checkpoint (``fedsim run --resume``)."""
+    from fedsim.record.checkpoint import resume_config
     from fedsim.runner import run as run_config
-    from fedsim.server.checkpoint import resume_config
 
     check_working_directory()  # relative paths are read from it
     path = _path(run_dir, "run_dir")

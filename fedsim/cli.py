@@ -47,7 +47,7 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     from fedsim.config_file import load_config
     from fedsim.deploy import private_network
     from fedsim.deploy.launcher import deploy
-    from fedsim.server.checkpoint import resume_config
+    from fedsim.record.checkpoint import resume_config
 
     resume = _resuming(args)
     if private_network.inside():  # the launcher outside (fedsim.deploy.private_network) planned it: on stdin
@@ -105,6 +105,16 @@ def _cmd_report(args: argparse.Namespace) -> int:
     print(write_report(args.dir, args.target, args.vs, args.out).read_text(), end="")
     for run in unfinished(args.dir):
         print(f"fedsim: skipped {run}: not finished (no summary.json)", file=sys.stderr)
+    return 0
+
+
+def _cmd_record_upgrade(args: argparse.Namespace) -> int:
+    from fedsim.record.paths import run_dirs, runs_root
+    from fedsim.record.upgrade import upgrade_run
+
+    for path in args.dirs:
+        for run_dir in run_dirs(runs_root(path, "fedsim record upgrade")):
+            print(upgrade_run(run_dir))
     return 0
 
 
@@ -245,6 +255,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="also plot final accuracy against this config key (e.g. partition.beta): final_vs_<key>.png",
     )  # fmt: skip
     report.set_defaults(func=_cmd_report)
+    record = sub.add_parser("record", help="run directories' records: upgrade an older one to this fedsim's")
+    record_sub = record.add_subparsers(dest="record_command", required=True, parser_class=_Parser)
+    upgrade = record_sub.add_parser(
+        "upgrade", help="check an older run record's checksums once and rewrite it of this fedsim's record version"
+    )
+    upgrade.add_argument(
+        "dirs", nargs="+", type=_path, metavar="DIR", help="run directories (or directories holding them)"
+    )
+    upgrade.set_defaults(func=_cmd_record_upgrade)
     plot = sub.add_parser("plot", help="PNGs of runs: accuracy per round, label distribution, feature spectrum")
     plot.add_argument(
         "run_dirs", nargs="+", type=_path, metavar="RUN_DIR", help="run directories (or directories holding them)"

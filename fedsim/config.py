@@ -417,3 +417,19 @@ class RunConfig(_Strict):
     @classmethod
     def from_json(cls, text: str) -> RunConfig:
         return cls.model_validate_json(text)
+
+
+# Config keys that do not change what a run learns: resume, checksums, reports and sweeps ignore them
+NOT_LEARNING = ("name", "output.", "simulation.", "diagnostics.", "deploy.")
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as ``{"model.norm": "ln", ...}`` (empty sections kept as leaves)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, path + "."))
+        else:
+            flat[path] = value
+    return flat

@@ -16,7 +16,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from fedsim.rundir import CHECKSUMS
+from fedsim.record.checksums import CHECKSUMS
 
 console = Console(stderr=True)
 

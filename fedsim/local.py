@@ -15,7 +15,7 @@ ending in a hash of the exact request where it would be too long or hold other c
 holds ``local.json`` (what ran, :class:`LocalRequest`) and ``metrics.jsonl`` (one line per evaluation, flushed
 as written); ``fedsim plot`` draws them. The same request again replaces them; another one is refused there.
 The run's ``summary.json`` and model, and ``local.json``, are read through :mod:`fedsim.reading`
-(:func:`fedsim.rundir.read_summary`, :func:`read_request`).
+(:func:`fedsim.record.reader.read_summary`, :func:`read_request`).
 """
 
 from __future__ import annotations
@@ -33,29 +33,25 @@ from fedsim.client.runtime import ClientRuntime, round_seed
 from fedsim.client.training import ClientRound, train_local
 from fedsim.config import MAX_LOCAL_STEPS, RunConfig
 from fedsim.config_file import read_run_config
-from fedsim.data.fingerprint import DATA_FINGERPRINT, check_same_data
+from fedsim.data.fingerprint import check_same_data
 from fedsim.diagnostics import ProbeDiagnostics, probe_images
 from fedsim.errors import ConfigError, DataError, FedsimError, brief
 from fedsim.evaluation import evaluate
 from fedsim.exclusive import claim_process
 from fedsim.experiment import resolve
 from fedsim.files import check_links, write_file
-from fedsim.integrity import read_torch, verify
 from fedsim.layout import torch_threads
 from fedsim.names import control_character, cut, unprintable
 from fedsim.norms import seed_norm_noise
 from fedsim.reading import read_json
+from fedsim.record.checksums import DATA_FINGERPRINT, MODEL_CHECKSUM, verify
+from fedsim.record.claim import claimed
+from fedsim.record.layout import LOCAL_JSON, SUMMARY
+from fedsim.record.reader import read_summary, read_torch
+from fedsim.record.schemas import Written
+from fedsim.record.verify import check_summary
+from fedsim.record.writer import RunDir
 from fedsim.registry import PluginParams
-from fedsim.rundir import (
-    LOCAL_JSON,
-    MODEL_CHECKSUM,
-    SUMMARY,
-    RunDir,
-    Written,
-    check_summary,
-    claimed,
-    read_summary,
-)
 from fedsim.runner import check_runnable
 
 # What --set may change for a continuation: its SGD, the model's form (model.norm=fn: LN-FL Fig. 2), where the run's

@@ -1,6 +1,6 @@
 """``fedsim plot RUN_DIR ...``: the figures a researcher would otherwise script by hand.
 
-One function per figure, each taking runs as :func:`fedsim.records.read_run` returns them, so
+One function per figure, each taking runs as :func:`fedsim.record.run.read_run` returns them, so
 ``fedsim report`` and ``fedsim plot`` draw the same picture the same way:
 
 - :func:`plot_accuracy`: accuracy against rounds, several runs on one axis;
@@ -28,20 +28,12 @@ import numpy as np
 
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.files import write_file
+from fedsim.grouping import seed_groups, short_keys, varying_keys
 from fedsim.local import read_request
-from fedsim.records import read_run
-from fedsim.rundir import (
-    LOCAL_JSON,
-    directories_under,
-    make_results_dir,
-    read_metrics,
-    resolved,
-    run_dirs,
-    runs_root,
-    seed_groups,
-    short_keys,
-    varying_keys,
-)
+from fedsim.record.layout import LOCAL_JSON
+from fedsim.record.paths import directories_under, make_results_dir, resolved, run_dirs, runs_root
+from fedsim.record.reader import read_metrics
+from fedsim.record.run import read_run
 
 ACCURACY, LABELS, SPECTRUM = "accuracy.png", "label_distribution.png", "feature_spectrum.png"
 LOCAL = "local.png"
@@ -331,13 +323,13 @@ def _percent(value: float | None) -> float:
 
 
 def find_runs(paths: list[str | Path]) -> list[Path]:
-    """Run directories (:func:`fedsim.rundir.run_dirs`) of each path, each once."""
+    """Run directories (:func:`fedsim.record.paths.run_dirs`) of each path, each once."""
     return _once_each([run for p in _directories(paths) for run in run_dirs(p)])
 
 
 def find_continuations(paths: list[str | Path]) -> list[Path]:
     """``fedsim local`` output directories (``local.json``): each path itself, or any below it
-    (:func:`fedsim.rundir.directories_under`)."""
+    (:func:`fedsim.record.paths.directories_under`)."""
     return _once_each([d for p in _directories(paths) for d in directories_under(p) if (d / LOCAL_JSON).is_file()])
 
 

@@ -17,9 +17,11 @@ import numpy as np
 
 from fedsim.errors import FedsimError
 from fedsim.files import write_file
+from fedsim.grouping import seed_groups, short_keys, varying_keys
 from fedsim.plots import plot_accuracy, plot_final_vs
-from fedsim.records import read_run
-from fedsim.rundir import SUMMARY, make_results_dir, run_dirs, runs_root, seed_groups, short_keys, varying_keys
+from fedsim.record.layout import SUMMARY
+from fedsim.record.paths import make_results_dir, run_dirs, runs_root
+from fedsim.record.run import read_run
 
 
 def load_runs(root: Path) -> list[dict[str, Any]]:

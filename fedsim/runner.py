@@ -23,7 +23,9 @@ from fedsim.layout import choose_layout
 from fedsim.models import FedsimModel
 from fedsim.ownership import check_not_in_a_run
 from fedsim.plugin_guard import plugin_code, warn_stray_threads
-from fedsim.rundir import CHECKPOINT, check_fresh, claimed, make_dir, metrics_so_far, resolved
+from fedsim.record.claim import check_fresh, claimed, metrics_so_far
+from fedsim.record.layout import CHECKPOINT
+from fedsim.record.paths import make_dir, resolved
 from fedsim.server.strategy import ServerSetup, check_strategy
 from fedsim.trackers import resolve_trackers
 
@@ -126,7 +128,7 @@ def new_run_dir(parent: Path, name: str) -> Path:
 @claim_process("a run")
 def run(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
     """Run ``cfg`` in a run directory it owns while it runs; ``resume``: go on from the checkpoint in its run
-    dir (:func:`fedsim.server.checkpoint.resume_config`). One run at a time in a process
+    dir (:func:`fedsim.record.checkpoint.resume_config`). One run at a time in a process
     (:mod:`fedsim.exclusive`); a library that does not load, or memory that runs out, is an
     :class:`~fedsim.errors.EnvironmentFault`; a plugin's ``sys.exit`` / ``os._exit`` is a
     :class:`~fedsim.errors.PluginExit`; threads its code left running are named in a warning."""

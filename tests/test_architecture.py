@@ -184,6 +184,29 @@ def test_a_fedsim_run_loads_nothing_of_deploy(tmp_path: Path) -> None:
     assert not [name for name in loaded if name.startswith("fedsim.deploy")]
 
 
+def reaches(start: str, graph: dict[str, set[str]]) -> set[str]:
+    """Every node ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for w in graph.get(todo.pop(), set()) - seen:
+            seen.add(w)
+            todo.append(w)
+    return seen
+
+
+def test_the_run_record_package_is_in_no_cycle_of_packages() -> None:
+    # a package is a subpackage of fedsim (fedsim.record, fedsim.server) or a top-level module of its own
+    def package(name: str) -> str:
+        return name if MODULES[name].name == "__init__.py" or name.count(".") < 2 else name.rpartition(".")[0]
+
+    graph: dict[str, set[str]] = {}
+    for name, deps in GRAPH.items():
+        graph.setdefault(package(name), set()).update(package(d) for d in deps if package(d) != package(name))
+    back = sorted(p for p in reaches("fedsim.record", graph) if "fedsim.record" in reaches(p, graph))
+    assert not back, f"fedsim.record imports these, which import it back: {back}"
+
+
 def test_the_graph_sees_real_imports() -> None:
     # the walk must find what is there, or the cycle test proves nothing
     assert "fedsim.experiment" in GRAPH["fedsim.client.runtime"]

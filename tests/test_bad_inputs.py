@@ -747,7 +747,8 @@ def test_bad_input_gets_one_clear_line(
 
 def test_non_finite_metrics_are_written_as_valid_json(tmp_path: Path) -> None:
     """A loss that overflows is recorded as null, never as NaN (which no JSON reader accepts)."""
-    from fedsim.rundir import RunDir, read_metrics
+    from fedsim.record.reader import read_metrics
+    from fedsim.record.writer import RunDir
 
     out = RunDir(tmp_path)
     out.append_metrics({"round": 1, "global_loss": float("nan"), "per_class_acc": [0.5, float("inf")]})

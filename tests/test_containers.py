@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from fedsim.config_file import load_config
+from fedsim.record.checkpoint import Checkpoint
 from fedsim.runner import run
-from fedsim.server.checkpoint import Checkpoint
 from tests.container_support import (
     NETNS,
     TEST_UID,

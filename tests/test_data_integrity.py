@@ -26,10 +26,10 @@ from fedsim.cli import main
 from fedsim.client import app as client_app
 from fedsim.client.app import app as fedsim_client
 from fedsim.data import load_dataset
-from fedsim.data.fingerprint import DATA_FINGERPRINT, fingerprint
+from fedsim.data.fingerprint import fingerprint
 from fedsim.errors import DataError
-from fedsim.integrity import digest
-from fedsim.rundir import CHECKPOINT
+from fedsim.record.checksums import DATA_FINGERPRINT, digest
+from fedsim.record.layout import CHECKPOINT
 from tests.conftest import MNIST_SMALL, small_config, write_config
 from tests.test_data import tree_files, write_tar
 

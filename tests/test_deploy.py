@@ -19,8 +19,8 @@ import yaml
 from fedsim.config import RunConfig
 from fedsim.config_file import parse_config
 from fedsim.ports import free_port
+from fedsim.record.checkpoint import Checkpoint
 from fedsim.runner import run
-from fedsim.server.checkpoint import Checkpoint
 from tests.conftest import REPO, small_config, write_config
 
 pytestmark = pytest.mark.slow
@@ -345,7 +345,7 @@ def test_tls_and_supernode_auth_across_network_namespaces(
     deployment goes on across the two namespaces: the metrics of an uninterrupted `fedsim run`."""
     from fedsim.deploy.launcher import deploy
     from fedsim.errors import FedsimError
-    from fedsim.server.checkpoint import resume_config
+    from fedsim.record.checkpoint import resume_config
 
     ns, address, interface = nodes_namespace
     # the deployment's processes import the test plugin, as fedsim_deploy's do

@@ -29,7 +29,7 @@ from fedsim.errors import ConfigError
 from fedsim.experiment import resolve
 from fedsim.models import create_model
 from fedsim.norms import create_norm
-from fedsim.rundir import read_metrics
+from fedsim.record.reader import read_metrics
 from fedsim.runner import run
 from tests.conftest import small_config
 

@@ -15,7 +15,7 @@ import yaml
 import fedsim
 from fedsim.errors import FedsimError
 from fedsim.local import continue_locally
-from fedsim.rundir import RunDir
+from fedsim.record.writer import RunDir
 from tests.conftest import small_config, write_config
 
 REFUSED = "fedsim runs one run, sweep or fedsim local at a time per process"

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from fedsim.server.checkpoint import Checkpoint
+from fedsim.record.checkpoint import Checkpoint
 from tests.conftest import REPO
 
 RESULTS = REPO / "results" / "full-budget"

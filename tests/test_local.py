@@ -14,11 +14,10 @@ import torch
 from fedsim.cli import main
 from fedsim.config_file import load_config
 from fedsim.data import load_dataset
-from fedsim.data.fingerprint import DATA_FINGERPRINT, fingerprint
-from fedsim.integrity import digest
+from fedsim.data.fingerprint import fingerprint
 from fedsim.local import local_dir
 from fedsim.names import MAX_NAME, is_name
-from fedsim.rundir import summary_checksum
+from fedsim.record.checksums import DATA_FINGERPRINT, digest, summary_checksum
 from fedsim.runner import run
 from tests.conftest import MNIST_SMALL, REPO
 from tests.test_data_integrity import relabelled
@@ -260,8 +259,10 @@ def test_other_data_than_the_run_trained_on_is_refused(
     run_dir = tmp_path / "copy"
     shutil.copytree(finished_run, run_dir, ignore=shutil.ignore_patterns("local-*"))
     summary = json.loads((run_dir / "summary.json").read_text())
-    del summary[DATA_FINGERPRINT], summary["summary_sha256"]  # as a fedsim before fingerprints wrote it
+    del summary[DATA_FINGERPRINT], summary["summary_sha256"], summary["record_version"]  # a fedsim before them
     (run_dir / "summary.json").write_text(json.dumps(summary))
+    assert main(["record", "upgrade", str(run_dir)]) == 0  # upgraded: still without a fingerprint
+    capsys.readouterr()
     assert main(["local", str(run_dir), "--client", "0", "--steps", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"summary.json: records no fingerprint ({DATA_FINGERPRINT})" in err[0]

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from fedsim.config_file import parse_config
+from fedsim.record.checkpoint import Checkpoint
 from fedsim.runner import run
-from fedsim.server.checkpoint import Checkpoint
 from tests.conftest import REPO, small_config, write_config
 from tests.plugins.dying_worker import WORKER_END
 

@@ -13,7 +13,7 @@ import pytest
 
 from fedsim.cli import main
 from fedsim.errors import FedsimError
-from fedsim.rundir import RunDir
+from fedsim.record.writer import RunDir
 from tests.conftest import disk_full_at, small_config, write_config
 
 USERS = {"config.yaml": "my own config\n", "metrics.jsonl": "my own metrics\n", "model.pt": "my own model\n"}

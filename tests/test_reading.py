@@ -15,7 +15,9 @@ import pytest
 
 from fedsim.cli import main
 from fedsim.config_file import parse_config
-from fedsim.rundir import CONFIG_CHECKSUM, RunDir, config_checksum, config_tree
+from fedsim.record.checksums import CONFIG_CHECKSUM, config_checksum, config_tree
+from fedsim.record.layout import RECORD_VERSION
+from fedsim.record.writer import RunDir
 from tests.conftest import small_config, write_config
 
 
@@ -226,11 +228,15 @@ def test_every_reader_of_metrics_refuses_a_line_fedsim_would_not_write(
     from fedsim.errors import FedsimError
 
     run_dir = finished_run(tmp_path)
-    # its summary as a fedsim before metrics checksums wrote it: the lines rewritten below are read for their form
+    # its summary as a fedsim before checksums wrote it, upgraded over the lines rewritten here (which it then
+    # vouches for): the lines rewritten below are read for their form
     summary = json.loads((run_dir / "summary.json").read_text())
-    (run_dir / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if "_sha256" not in k}))
+    kept = {k: v for k, v in summary.items() if "_sha256" not in k and k not in ("metrics_lines", "record_version")}
+    (run_dir / "summary.json").write_text(json.dumps(kept))
     own = '{"round": 3, "client_acc": [0.5, null], "failed_clients": {"2": [1, 3]}, "isometry": {"fc": 1}}'
     metrics = rewrite_metrics(run_dir, own, json.dumps(METRICS[-1]))  # a line of another form fedsim writes
+    assert main(["record", "upgrade", str(run_dir)]) == 0
+    capsys.readouterr()
     assert len(Run(run_dir).metrics) == 4
     rewrite_metrics(run_dir, own, line)
     expected = f"metrics {metrics}, line 4: not readable as the JSON fedsim writes ({problem}"
@@ -346,7 +352,7 @@ def test_report_into_a_directory_it_cannot_write_is_one_line(
 def test_a_model_or_checkpoint_that_is_a_fifo_is_refused_unread(tmp_path: Path) -> None:
     """torch.load waited on a FIFO forever (fedsim local on a run whose model.pt is one; a checkpoint)."""
     from fedsim.errors import FedsimError
-    from fedsim.integrity import read_torch
+    from fedsim.record.reader import read_torch
 
     with pytest.raises(FedsimError, match=r"model .*fifo.pt: a FIFO \(named pipe\), not a regular file"):
         read_torch(make_fifo(tmp_path / "fifo.pt"), "model")
@@ -373,6 +379,14 @@ class Shown:
         self.rounds.append((server_round, loss, acc))
 
 
+def written(**fields: object) -> str:
+    """``fields`` as progress.json or summary.json holds them: of this record version, with the checksums it
+    records (of no files: a poll shows them unchecked)."""
+    stamp = {"record_version": RECORD_VERSION, "config_sha256": "0" * 64, "metrics_sha256": "0" * 64,
+             "metrics_lines": 1}  # fmt: skip
+    return json.dumps({**fields, **stamp})
+
+
 def test_fedsim_deploy_polls_without_hanging_on_or_trusting_a_file_fedsim_did_not_write(tmp_path: Path) -> None:
     """progress.json is shown when it is what the ServerApp writes and skipped otherwise (missing, a FIFO, a
     foreign file: it was a TypeError traceback); summary.json and error.txt end the run, and either one that is
@@ -390,7 +404,7 @@ def test_fedsim_deploy_polls_without_hanging_on_or_trusting_a_file_fedsim_did_no
         progress.write_text(foreign)
         _show(tmp_path, shown)
     assert shown.rounds == []
-    progress.write_text('{"round": 2, "loss": 0.5, "acc": null}')
+    progress.write_text(written(round=2, loss=0.5, acc=None))
     _show(tmp_path, shown)
     assert shown.rounds == [(2, 0.5, None)]
 
@@ -410,10 +424,10 @@ def test_fedsim_deploy_polls_without_hanging_on_or_trusting_a_file_fedsim_did_no
         f.truncate(50_000_000)
     with pytest.raises(FedsimError, match=r"summary.json: 50,000,000 bytes; fedsim reads at most 16,777,216 for it$"):
         ended(tmp_path)
-    summary.write_text(json.dumps({"rounds": 2, "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.6,
-                                   "final_global_acc": 0.55, "wall_time_s": 3.0}))  # fmt: skip
-    assert ended(tmp_path) == {"rounds": 2, "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.6,
-                               "final_global_acc": 0.55, "wall_time_s": 3.0}  # fmt: skip
+    final = {"rounds": 2, "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.6, "final_global_acc": 0.55,
+             "wall_time_s": 3.0, "summary_sha256": "0" * 64}  # fmt: skip
+    summary.write_text(written(**final))
+    assert ended(tmp_path) == json.loads(written(**final))
 
 
 def test_the_submit_service_polls_without_hanging_on_or_trusting_a_file_fedsim_did_not_write(tmp_path: Path) -> None:
@@ -431,13 +445,13 @@ def test_the_submit_service_polls_without_hanging_on_or_trusting_a_file_fedsim_d
     progress.write_text('{"round": "two", "loss": null, "acc": null}')
     printer.poll()
     assert lines == []
-    progress.write_text('{"round": 2, "loss": null, "acc": null}')
+    progress.write_text(written(round=2, loss=None, acc=None))
     make_fifo(metrics)
     printer.poll()
     assert lines == ["round 2/3: train loss -"]  # the round, without the scores it cannot read
     metrics.unlink()
     metrics.write_text('{"round": 3, "client_mean_acc": null, "global_acc": 0.4, "time_s": 6.0}\n')
-    progress.write_text('{"round": 3, "loss": 0.5, "acc": null}')
+    progress.write_text(written(round=3, loss=0.5, acc=None))
     printer.poll()
     assert lines[-1] == "round 3/3: train loss 0.5000, client-mean acc -, global acc 0.4000, 6.0 s"
     summary = make_fifo(tmp_path / "summary.json")

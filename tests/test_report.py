@@ -30,8 +30,8 @@ def test_report_plots_final_accuracy_against_a_swept_key(tmp_path: Path) -> None
 def test_report_columns_appear_once_each_named_by_as_much_of_the_key_as_tells_them_apart() -> None:
     """A varied key whose last part is another column's name (train.rounds beside the rounds run) or another
     varied key's (model.norm.eps, strategy.eps) is named by more of its path, in the table as in the legends."""
+    from fedsim.grouping import seed_groups
     from fedsim.report import table
-    from fedsim.rundir import seed_groups
 
     def run(rounds: int, eps: float, seed: int) -> dict:  # type: ignore[type-arg]
         config = {"seed": seed, "train.rounds": rounds, "model.norm.eps": eps, "strategy.eps": 0.1}

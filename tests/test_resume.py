@@ -22,10 +22,10 @@ from fedsim.cli import main
 from fedsim.client.state import load_client_state, save_client_state
 from fedsim.config_file import parse_config
 from fedsim.errors import FedsimError, TrainingError
-from fedsim.records import read_run
-from fedsim.rundir import CHECKPOINT
+from fedsim.record.checkpoint import Checkpoint, resume_config
+from fedsim.record.layout import CHECKPOINT
+from fedsim.record.run import read_run
 from fedsim.runner import run
-from fedsim.server.checkpoint import Checkpoint, resume_config
 from fedsim.server.reporter import RoundReporter
 from tests.conftest import REPO, small_config, write_config
 

@@ -19,10 +19,10 @@ import torch
 
 from fedsim.cli import main
 from fedsim.config_file import parse_config
-from fedsim.integrity import digest
-from fedsim.rundir import CHECKPOINT, CLIENT_STATE
+from fedsim.record.checkpoint import CHECKSUM, CLIENT_STATE_RECORD, Checkpoint
+from fedsim.record.checksums import digest
+from fedsim.record.layout import CHECKPOINT, CLIENT_STATE
 from fedsim.runner import run
-from fedsim.server.checkpoint import CHECKSUM, CLIENT_STATE_RECORD, Checkpoint
 from tests.conftest import small_config
 from tests.test_deploy import wait_no_processes
 from tests.test_resume import metrics, stopped_in

@@ -184,7 +184,7 @@ def run_into(tmp_path: Path, run_dir: Path, capsys: pytest.CaptureFixture[str], 
 
 
 def test_a_run_directory_is_owned_by_one_live_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from fedsim.rundir import claimed
+    from fedsim.record.claim import claimed
 
     run_dir = tmp_path / "shared"
     # another live run holds it (the lock is per open file, so this process stands in for another one)

@@ -9,6 +9,7 @@ import csv
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,8 +21,8 @@ from fedsim.cli import main
 from fedsim.config import THREADS_PER_CPU
 from fedsim.config_file import parse_config
 from fedsim.errors import FedsimError
-from fedsim.records import read_run
-from fedsim.rundir import MetricsChecksum
+from fedsim.record.checksums import MetricsChecksum, summary_checksum
+from fedsim.record.run import read_run
 from fedsim.runner import run
 from tests.conftest import small_config
 
@@ -52,10 +53,25 @@ def edit_json(path: Path, **fields: object) -> None:
 
 
 def older_summary(path: Path, *keys: str, **fields: object) -> None:
-    """``path`` (a summary.json) as a fedsim before ``keys`` and before summaries' own checksum wrote it, with
-    ``fields``."""
+    """``path`` (a summary.json) as a fedsim before ``keys``, before summaries' own checksum and before record
+    versions wrote it, with ``fields``."""
     summary = {k: v for k, v in json.loads(path.read_text()).items() if k not in (*keys, "summary_sha256")}
-    path.write_text(json.dumps({**summary, **fields}))
+    path.write_text(json.dumps({**{k: v for k, v in summary.items() if k != "record_version"}, **fields}))
+
+
+def upgraded(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``run_dir``'s older record upgraded (``fedsim record upgrade``), what it said (and warned: said again
+    when the run is read next) left out of ``capsys``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["record", "upgrade", str(run_dir)]) == 0
+    capsys.readouterr()
+
+
+def forged_summary(path: Path, **fields: object) -> None:
+    """``path`` (a summary.json) with ``fields``, and its own checksum made again to match them."""
+    summary = {**json.loads(path.read_text()), **fields}
+    path.write_text(json.dumps({**summary, "summary_sha256": summary_checksum(summary)}))
 
 
 def edit_config(run_dir: Path, section: str | None, key: str, value: object) -> None:
@@ -114,8 +130,8 @@ BROKEN: dict[str, tuple[Callable[[Path], None], str, str]] = {
         ", line 2: not readable as the JSON fedsim writes (round: round 3 is not one the run evaluated "
         "(eval.every: 2, and its last, 5) (got 3))",
     ),
-    "summary-final-accuracy": (  # in a summary without its own checksum, held to the metrics lines
-        lambda runs: older_summary(runs / "seed0" / "summary.json", final_client_mean_acc=0.99),
+    "summary-final-accuracy": (  # in a summary whose own checksum was forged to match, held to the metrics lines
+        lambda runs: forged_summary(runs / "seed0" / "summary.json", final_client_mean_acc=0.99),
         "seed0",
         ": summary.json's final_client_mean_acc is 0.99, its metrics.jsonl's ",
     ),
@@ -212,14 +228,15 @@ def test_an_evaluation_lost_before_the_last_is_said_and_the_rest_read(
     finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A line lost from the middle of metrics.jsonl of a run from before metrics checksums (round 4,100 of
-    results/full-budget's FedAvg cell, a file replaced under the running run): the summary and the other lines
-    are the run's, so the run is read, and a warning names the round its curve and rounds-to-target skip.
-    (A run with the checksum is refused: "middle-line-lost".)"""
+    results/full-budget's FedAvg cell, a file replaced under the running run), upgraded: the summary and the
+    other lines are the run's, so the run is read, and a warning names the round its curve and rounds-to-target
+    skip. (A run with the checksum is refused: "middle-line-lost".)"""
     runs = tmp_path / "runs"
     shutil.copytree(finished, runs)
     older_summary(runs / "seed0" / "summary.json", "metrics_sha256", "metrics_lines")
     kept = [line for line in lines(runs / "seed0") if line["round"] != 2]
     write_lines(runs / "seed0", kept)
+    upgraded(runs / "seed0", capsys)  # its lines as they are now, checksummed once
     assert main(["report", str(runs), "--out", str(tmp_path / "rep")]) == 0
     assert capsys.readouterr().err == (
         f"fedsim: warning: {runs / 'seed0' / 'metrics.jsonl'} has no line for round 2 of the rounds the run "
@@ -240,12 +257,13 @@ def test_a_finished_run_records_its_configs_and_partitions_checksums(finished: P
 def test_a_run_of_a_fedsim_before_partition_checksums_is_read(
     finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A summary without partition_sha256 (written before it existed, as results/full-budget's): the table is
-    checked for its rows only, and the run and its label-distribution figure are made."""
+    """A summary without partition_sha256 (written before it existed, as results/full-budget's were), upgraded:
+    the checksum is of the table as it is, and the run and its label-distribution figure are made."""
     runs = tmp_path / "runs"
     shutil.copytree(finished, runs)
     for seed in (0, 1):
         older_summary(runs / f"seed{seed}" / "summary.json", "partition_sha256")
+    upgraded(runs, capsys)
     assert main(["plot", str(runs), "--out", str(tmp_path / "fig")]) == 0, capsys.readouterr().err
     assert (tmp_path / "fig" / "label_distribution.png").stat().st_size > 0
 
@@ -255,7 +273,7 @@ def test_a_run_of_an_earlier_fedsim_is_read_after_a_config_key_is_added(
 ) -> None:
     """The checksum is of config.yaml's own keys: a run made before a key existed (its config.yaml without it,
     its summary's checksum of that file) is read by a fedsim that has the key, with its default."""
-    from fedsim.rundir import config_checksum
+    from fedsim.record.checksums import config_checksum
 
     runs = tmp_path / "runs"
     shutil.copytree(finished, runs)
@@ -264,6 +282,7 @@ def test_a_run_of_an_earlier_fedsim_is_read_after_a_config_key_is_added(
     assert tree["train"].pop("weight_decay") == 0.0  # as if fedsim had not had it: its default since
     path.write_text(yaml.safe_dump(tree, sort_keys=False))
     older_summary(runs / "seed0" / "summary.json", config_sha256=config_checksum(tree))
+    upgraded(runs / "seed0", capsys)
     assert main(["report", str(runs), "--out", str(tmp_path / "rep")]) == 0, capsys.readouterr().err
     assert [row["seeds"] for row in csv.DictReader(open(tmp_path / "rep" / "results.csv"))] == ["2"]
 
@@ -296,7 +315,7 @@ def test_runs_gathered_by_symlink_are_read_each_once(
 def stopped_before_its_first_evaluation(root: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A run of :func:`finished`'s config and ``seed`` interrupted in round 2 (Ctrl-C), after its checkpoint of
     round 1 and before its first evaluation (round 2): a seed of a sweep under way. (Interrupted before its
-    first checkpoint, it recorded nothing and its directory is taken back: fedsim.rundir.take_back.)"""
+    first checkpoint, it recorded nothing and its directory is taken back: fedsim.record.claim.take_back.)"""
     from fedsim.server.reporter import RoundReporter
 
     trained = RoundReporter.trained
@@ -353,7 +372,9 @@ def test_seeds_that_share_no_evaluated_round_are_said_not_dropped(
     write_lines(runs / "seed1", lines(runs / "seed1")[:1])
     for seed in (0, 1):
         (runs / f"seed{seed}" / "summary.json").unlink()
-        edit_json(runs / f"seed{seed}" / "progress.json", metrics_sha256=None, metrics_lines=None)  # a fedsim before
+        edit_json(runs / f"seed{seed}" / "progress.json", metrics_sha256=None, metrics_lines=None,
+                  record_version=None)  # a fedsim before metrics checksums and record versions
+        upgraded(runs / f"seed{seed}", capsys)
     assert main(["plot", str(runs), "--mean-over-seeds", "--out", str(tmp_path / "fig")]) == 0
     assert "fedsim: skipped runs in accuracy.png: its 2 seeds have no evaluated round in common\n" in (
         capsys.readouterr().err
@@ -388,6 +409,7 @@ def test_seeds_trained_on_other_data_are_refused_not_averaged(
     assert not (tmp_path / "rep").exists() and not (tmp_path / "fig").exists()  # refused before --out is made
     assert main(["plot", str(runs), "--out", str(tmp_path / "each")]) == 0  # each run drawn alone: no mean
     older_summary(runs / "s1" / "summary.json", "data_sha256")
+    upgraded(runs / "s1", capsys)
     assert main(["report", str(runs), "--out", str(tmp_path / "rep")]) == 0
     assert [row["seeds"] for row in csv.DictReader(open(tmp_path / "rep" / "results.csv"))] == ["2"]
 
@@ -502,7 +524,7 @@ def test_a_run_that_moves_on_while_it_is_read_is_read_again(
     """A live run writes two lines between the reader's progress.json and its metrics.jsonl (a fast run,
     evaluated each round): read as it was, it had lines past what progress.json covers and was refused; its
     progress.json read again has moved on, so both are read again, of one round."""
-    import fedsim.records
+    import fedsim.record.run
 
     run_dir = tmp_path / "live"
     shutil.copytree(finished / "seed0", run_dir)
@@ -511,12 +533,12 @@ def test_a_run_that_moves_on_while_it_is_read_is_read_again(
     edit_json(
         run_dir / "progress.json", round=2, metrics_lines=1, metrics_sha256=MetricsChecksum(lines(run_dir)[:1]).sha256
     )
-    read = fedsim.records.read_metrics
+    read = fedsim.record.reader.read_metrics
 
     def moving_on(*args: object, **kwargs: object) -> object:
         metrics = read(*args, **kwargs)
         (run_dir / "progress.json").write_text(now)  # the run's progress.json of round 5, written meanwhile
         return metrics
 
-    monkeypatch.setattr(fedsim.records, "read_metrics", moving_on)
+    monkeypatch.setattr(fedsim.record.run, "read_metrics", moving_on)
     assert [line["round"] for line in read_run(run_dir)["metrics"]] == [2, 4, 5]

@@ -42,9 +42,9 @@ def test_sweep_runs_grid_skips_finished_and_reports(tmp_path: Path) -> None:
     assert (out / "results.md").read_text().startswith("| norm | seeds |")
 
     # the same groups, as mean ± std bands over the seeds (fedsim plot --mean-over-seeds, the report's plot)
+    from fedsim.grouping import seed_groups
     from fedsim.plots import mean_and_std
     from fedsim.report import load_runs
-    from fedsim.rundir import seed_groups
 
     groups = seed_groups(load_runs(out))
     assert list(groups) == ["norm=ln", "norm=none"] and all(len(m) == 2 for m in groups.values())
@@ -91,7 +91,7 @@ def cell_processes(out: Path, sweep_pid: int) -> list[int]:
 
 
 def checkpointed_round(run_dir: Path) -> int:
-    from fedsim.server.checkpoint import Checkpoint
+    from fedsim.record.checkpoint import Checkpoint
 
     try:
         return Checkpoint.load(run_dir).round

@@ -16,10 +16,8 @@ from pathlib import Path
 
 from fedsim.data.base import ArrayDataset
 from fedsim.errors import DataError
-from fedsim.integrity import digest
 from fedsim.paths import package_path
-
-DATA_FINGERPRINT = "data_sha256"  # its key in checkpoint.pt and summary.json
+from fedsim.record.checksums import DATA_FINGERPRINT, digest
 
 
 def fingerprint(dataset: ArrayDataset) -> str:

@@ -36,7 +36,9 @@ from fedsim.processes import (
     tree,
     watchdog,
 )
-from fedsim.rundir import ERROR, HELD_ENV, PROGRESS, SUMMARY, claimed, read_error, read_progress, read_summary
+from fedsim.record.claim import claimed
+from fedsim.record.layout import ERROR, HELD_ENV, PROGRESS, SUMMARY
+from fedsim.record.reader import read_error, read_progress, read_summary
 
 # A command prefix per process, e.g. {"supernode": ["ip", "netns", "exec", "nodes"]} to run the
 # SuperNodes in another network namespace
@@ -293,7 +295,7 @@ def _show(run_dir: Path, progress: RoundProgress) -> None:
 
 def deploy(cfg: RunConfig, wrap: Wrap | None = None, resume: bool = False) -> dict[str, Any]:
     """Run ``cfg`` on a SuperLink and one SuperNode per client on this host; returns the summary. ``resume``:
-    go on from the checkpoint in its run dir (:func:`fedsim.server.checkpoint.resume_config`)."""
+    go on from the checkpoint in its run dir (:func:`fedsim.record.checkpoint.resume_config`)."""
     from fedsim.client.vectorized import refusal
     from fedsim.runner import plan
 

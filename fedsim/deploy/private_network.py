@@ -32,7 +32,7 @@ from fedsim.config import RunConfig
 from fedsim.console import console
 from fedsim.errors import ChildExit
 from fedsim.processes import die_with
-from fedsim.rundir import read_summary
+from fedsim.record.reader import read_summary
 
 ENV = "FEDSIM_PRIVATE_NETWORK"  # set inside the namespace: the pid of the launcher outside
 UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--"]

@@ -24,8 +24,10 @@ from fedsim.deploy import flower_waits
 from fedsim.deploy.packing import PackedGrid
 from fedsim.errors import FedsimError
 from fedsim.experiment import resolve
-from fedsim.rundir import RunDir, claimed, default_run_dir
-from fedsim.server.checkpoint import resume_config
+from fedsim.record.checkpoint import resume_config
+from fedsim.record.claim import claimed
+from fedsim.record.paths import default_run_dir
+from fedsim.record.writer import RunDir
 from fedsim.server.loop import run_server
 from fedsim.server.polling import PromptGrid
 

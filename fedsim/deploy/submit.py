@@ -39,7 +39,8 @@ from fedsim import wire
 from fedsim.deploy.topology import CONNECTION
 from fedsim.errors import FedsimError
 from fedsim.files import remove
-from fedsim.rundir import PROGRESS, SUMMARY, read_metrics, read_progress, read_summary
+from fedsim.record.layout import PROGRESS, SUMMARY
+from fedsim.record.reader import read_metrics, read_progress, read_summary
 
 POLL_S = 2.0
 ATTEMPT_S = 30.0  # one flwr CLI call: a Python start and a request, seconds on a busy machine

@@ -23,24 +23,25 @@ from flwr.serverapp import Grid
 
 from fedsim import wire
 from fedsim.arrays import to_array_record
+from fedsim.cadence import EvalCadence
 from fedsim.config import RunConfig
 from fedsim.console import console, partition_table, summary_table
-from fedsim.data.fingerprint import DATA_FINGERPRINT
+from fedsim.data.fingerprint import check_same_data
 from fedsim.errors import ConfigError, PluginExit, TrainingError
 from fedsim.experiment import Experiment, build_server
 from fedsim.layout import torch_threads
 from fedsim.plugin_guard import plugin_code
-from fedsim.rundir import (
-    MODEL_CHECKSUM,
-    RunDir,
-    default_run_dir,
-)
-from fedsim.server.checkpoint import Checkpoint, Checkpointer, set_rng_state
+from fedsim.record.checkpoint import Checkpoint
+from fedsim.record.checksums import DATA_FINGERPRINT, MODEL_CHECKSUM
+from fedsim.record.layout import CHECKPOINT
+from fedsim.record.paths import default_run_dir
+from fedsim.record.writer import RunDir
+from fedsim.server.checkpoint import Checkpointer, set_rng_state
 from fedsim.server.contract import CheckedStrategy
 from fedsim.server.discovery import discover_partitions
 from fedsim.server.replies import describe_failures, divergence, good_replies, missing_replies
 from fedsim.server.reporter import ClientScore, RoundReporter
-from fedsim.server.sampling import ClientSampler, EvalCadence
+from fedsim.server.sampling import ClientSampler
 from fedsim.server.strategy import ServerSetup, check_strategy
 from fedsim.trackers import open_trackers
 
@@ -183,7 +184,9 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
     cfg = experiment.config
     fed = experiment.federation()
     data_sha256 = fed.data_sha256
-    resumed = Checkpoint.load(out.path, cfg, data_sha256) if resume else None
+    resumed = Checkpoint.load(out.path, cfg) if resume else None
+    if resumed is not None:
+        check_same_data(resumed.data_sha256, data_sha256, out.path / CHECKPOINT, cfg.data.root)
     out.write_config(cfg)
     ds = fed.dataset
     out.write_partition(fed.train_counts, fed.test_counts, ds.classes)

@@ -22,7 +22,8 @@ from fedsim.diagnostics import ProbeDiagnostics
 from fedsim.errors import FedsimWarning, TrainingError
 from fedsim.evaluation import evaluate
 from fedsim.experiment import Experiment
-from fedsim.rundir import RunDir, final_accuracies
+from fedsim.record.reader import final_accuracies
+from fedsim.record.writer import RunDir
 from fedsim.server.replies import evaluation_divergence
 
 SHOWN_ROUNDS = 5  # rounds named in the warning on clients left out; the rest are counted

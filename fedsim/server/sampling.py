@@ -1,4 +1,4 @@
-"""Who trains in a round and when the server evaluates: fedsim's decisions, not the strategy's.
+"""Who trains in a round: fedsim's decision, not the strategy's (when it evaluates: :mod:`fedsim.cadence`).
 
 Flower samples node ids with ``random.sample``; node ids are random per run, so results would
 depend on the runtime. fedsim samples *partition ids* from its own stream, seeded by the run's seed
@@ -27,14 +27,3 @@ class ClientSampler:
             return pids
         rng = np.random.default_rng([self.seed, server_round, 0x5A3])
         return sorted(rng.choice(pids, size=self.clients_per_round, replace=False).tolist())
-
-
-@dataclass(frozen=True)
-class EvalCadence:
-    """Evaluate every ``every`` rounds and after the last one."""
-
-    every: int
-    num_rounds: int
-
-    def is_eval_round(self, server_round: int) -> bool:
-        return server_round % self.every == 0 or server_round == self.num_rounds

@@ -28,7 +28,9 @@ from fedsim.files import check_links, remove, write_file
 from fedsim.layout import choose_layout, usable_cores
 from fedsim.processes import die_with_parent, signals_ignored, sigterm_as_interrupt, stop_tree
 from fedsim.reading import SUMMARY_BYTES, read_text
-from fedsim.rundir import check_run_links, claimed, read_summary
+from fedsim.record.claim import claimed
+from fedsim.record.paths import check_run_links
+from fedsim.record.reader import read_summary
 from fedsim.sweep.plan import OUTPUT, RaySweep, SweepFile, check_data, plan, read_sweep, refuse_bad_cells, state_of
 
 FAILED = "failed.json"  # in the sweep directory: the cells that failed in the last sweep, and why
@@ -37,7 +39,7 @@ FAILED = "failed.json"  # in the sweep directory: the cells that failed in the l
 @contextmanager
 def claimed_sweep(out: Path, cells: list[str]) -> Iterator[None]:
     """One ``fedsim sweep`` at a time in a sweep directory (its runs each own their own directory too). A cell
-    that is a link, or a link in a cell, stops the sweep before any cell runs (:func:`fedsim.rundir.claimed`)."""
+    that is a link, or a link in a cell, stops the sweep before any cell runs (:func:`fedsim.record.claim.claimed`)."""
     check_links(out, cells, deep=False)
     for cell in cells:
         check_run_links(out / cell)
@@ -57,8 +59,8 @@ def cell_layout(cfg: RunConfig, sweep: SweepFile, workers: int) -> RunConfig:
 
 
 def _run_one(cfg_json: str, resume: bool = False) -> dict[str, Any]:
+    from fedsim.record.checkpoint import resume_config
     from fedsim.runner import run
-    from fedsim.server.checkpoint import resume_config
 
     cfg = RunConfig.from_json(cfg_json)
     return run(resume_config(cfg.output.run_dir or "") if resume else cfg, resume=resume)

@@ -59,13 +59,13 @@ from pydantic import (
     model_validator,
 )
 
-from fedsim.config import HomePath, RunConfig
+from fedsim.config import NOT_LEARNING, HomePath, RunConfig, flatten
 from fedsim.config_file import format_validation_error, load_config, read_yaml
 from fedsim.errors import ConfigError, FedsimError, brief
 from fedsim.experiment import resolve
 from fedsim.names import NAME_RULE, cut, is_name, printable
 from fedsim.ownership import check_not_in_a_run
-from fedsim.rundir import CHECKPOINT, NOT_LEARNING, SUMMARY, flatten
+from fedsim.record.layout import CHECKPOINT, SUMMARY
 from fedsim.trackers import resolve_trackers
 
 OUTPUT = "--output (or the sweep file's output)"  # the sweep directory, as messages name it

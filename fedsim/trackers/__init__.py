@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.errors import ConfigError
+from fedsim.record.layout import TRACKED
 from fedsim.registry import Resolved
 from fedsim.trackers import mlflow, tensorboard, wandb  # noqa: F401 (the built-ins register themselves on import)
 from fedsim.trackers.base import TRACKERS, Tracker
-
-ARTIFACTS = ("config.yaml", "partition.csv", "summary.json")  # what a tracker gets of the run directory
 
 
 def numbers(record: dict[str, Any]) -> dict[str, float]:
@@ -60,7 +59,7 @@ class Trackers:
 
     def close(self) -> None:
         """The run directory's files to each tracker, then each closed."""
-        files = [self.run_dir / name for name in ARTIFACTS if (self.run_dir / name).is_file()]
+        files = [self.run_dir / name for name in TRACKED if (self.run_dir / name).is_file()]
 
         def log_files(tracker: Tracker) -> None:
             for path in files:

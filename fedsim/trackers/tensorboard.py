@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.files import check_links
-from fedsim.rundir import make_dir
+from fedsim.record.paths import make_dir
 from fedsim.trackers.base import TRACKERS, Tracker
 
 

@@ -1,61 +1,62 @@
 """A run directory read back whole (``fedsim report``, ``fedsim plot``, :class:`fedsim.api.Run`): every file
-read through :mod:`fedsim.rundir`'s readers and checked against the others (:mod:`fedsim.rundir`'s checks) and,
-while the run is unfinished and has no progress.json, against its checkpoint
-(:mod:`fedsim.server.checkpoint`): numbers that are not the run's are one error naming the file, never a table
-or a figure."""
+read (:mod:`fedsim.record.reader`) and checked against the others and the checksums the run recorded
+(:mod:`fedsim.record.verify`), finished or still running, into one :class:`RunRecord`."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
-from fedsim.config import RunConfig
+import numpy as np
+
+from fedsim.cadence import EvalCadence
+from fedsim.config import flatten
 from fedsim.config_file import read_run_config
-from fedsim.errors import ConfigError, FedsimError
-from fedsim.rundir import (
-    CHECKPOINT,
-    CONFIG_CHECKSUM,
-    PROGRESS,
-    RECORD_FILES,
+from fedsim.errors import FedsimError
+from fedsim.record.checksums import CONFIG_CHECKSUM
+from fedsim.record.layout import CHECKPOINT, CONFIG, PARTITION, PROGRESS, RECORD_FILES, SUMMARY
+from fedsim.record.reader import read_metrics, read_partition, read_progress, read_summary
+from fedsim.record.verify import (
     RESTORE_HINT,
-    RESUME_HINT,
-    SUMMARY,
-    MetricsChecksum,
+    check_against_checkpoint,
     check_config,
     check_evaluations,
     check_metrics,
     check_partition,
     check_summary,
-    flatten,
-    lines_of,
-    read_metrics,
-    read_partition,
-    read_progress,
-    read_summary,
 )  # fmt: skip
-from fedsim.server.checkpoint import Checkpoint
-from fedsim.server.sampling import EvalCadence
+
+
+class RunRecord(TypedDict):
+    """A run directory as :func:`read_run` returns it."""
+
+    dir: Path
+    config: dict[str, Any]  # flattened (fedsim.config.flatten)
+    summary: dict[str, Any] | None  # None while the run is unfinished
+    metrics: list[dict[str, Any]]
+    partition: tuple[list[str], dict[str, np.ndarray]] | None  # None without partition.csv
+
 
 # a live run moves on while it is read: its progress.json and metrics.jsonl are read again until they are of one
 # round (a few tries, each a few milliseconds; the last read is checked as it is)
 _READS = 5
 
 
-def read_run(path: str | Path) -> dict[str, Any]:
+def read_run(path: str | Path) -> RunRecord:
     """A run directory read back: ``dir``, ``config`` (flattened), ``summary`` (None while running), ``metrics``,
-    ``partition`` (:func:`fedsim.rundir.read_partition`; None without ``partition.csv``).
+    ``partition`` (:func:`fedsim.record.reader.read_partition`; None without ``partition.csv``).
 
     A file that is not what fedsim writes (edited, truncated, another program's), or one that disagrees with
-    the others (:func:`fedsim.rundir.check_summary`, :func:`~fedsim.rundir.check_metrics`,
-    :func:`~fedsim.rundir.check_evaluations`, :func:`~fedsim.rundir.check_partition`, and for a run whose
+    the others (:func:`fedsim.record.verify.check_summary`, :func:`~fedsim.record.verify.check_metrics`,
+    :func:`~fedsim.record.verify.check_evaluations`, :func:`~fedsim.record.verify.check_partition`, and for a run whose
     progress.json a resume removed, :func:`check_against_checkpoint`), is an error naming it; so is a directory
     holding a run's files without its ``config.yaml``."""
     path = Path(path)
-    if not (path / "config.yaml").exists():
+    if not (path / CONFIG).exists():
         held = [name for name in RECORD_FILES if (path / name).exists()]
         raise FedsimError(f"{path}: a run directory ({', '.join(held)}) without its config.yaml, which says what the "
                           f"run was: {RESTORE_HINT}")  # fmt: skip
-    cfg = read_run_config(path / "config.yaml", read_back=True)
+    cfg = read_run_config(path / CONFIG, read_back=True)
     cadence = EvalCadence(cfg.eval.every, cfg.train.rounds)
     summary = read_summary(path) if (path / SUMMARY).exists() else None
     if summary is not None:
@@ -65,12 +66,12 @@ def read_run(path: str | Path) -> dict[str, Any]:
     else:
         progress, metrics = _progress_and_metrics(path, cfg.train.rounds, cadence)
         if progress is not None:
-            check_config(path, progress.get(CONFIG_CHECKSUM), PROGRESS, "ran")
+            check_config(path, progress[CONFIG_CHECKSUM], PROGRESS, "ran")
             check_metrics(path, progress, PROGRESS, metrics)
         elif (path / CHECKPOINT).exists():  # a resume under way, or one that stopped before its first round
             check_against_checkpoint(path, cfg, metrics)
     check_evaluations(path, cadence, summary, metrics)
-    partition = read_partition(path) if (path / "partition.csv").exists() else None
+    partition = read_partition(path) if (path / PARTITION).exists() else None
     if partition is not None:
         check_partition(path, cfg, summary or progress, SUMMARY if summary is not None else PROGRESS, *partition)
     return {
@@ -93,19 +94,3 @@ def _progress_and_metrics(
         if again == progress:
             break
     return progress, metrics
-
-
-def check_against_checkpoint(path: Path, cfg: RunConfig, metrics: list[dict[str, Any]]) -> None:
-    """An unfinished run without progress.json (a resume removed the stopped run's, and stopped before writing its
-    own, or has not written it yet): its checkpoint (checksummed) vouches instead. ``config.yaml`` trains as the
-    checkpoint's config does, and ``metrics.jsonl`` begins with the lines the checkpoint holds, which the resume
-    keeps; those after them are the stopped run's, up to its next checkpoint."""
-    try:
-        kept = Checkpoint.load(path, cfg).metrics
-    except ConfigError as err:  # config.yaml edited since: said of this run
-        raise FedsimError(f"{path}: {err}") from err
-    if MetricsChecksum(metrics[: len(kept)]).sha256 != MetricsChecksum(kept).sha256:
-        raise FedsimError(
-            f"{path}: metrics.jsonl does not begin with the {lines_of(len(kept))} its {CHECKPOINT} holds (edited or "
-            f"lost after the run, or another run's): {RESUME_HINT}"
-        )

@@ -1,0 +1,112 @@
+"""A run directory's files read back, each once it is what fedsim writes (:mod:`fedsim.reading` underneath:
+its size bounded, its schema checked, :mod:`fedsim.record.schemas`): a truncated or foreign file is one line
+naming it. Checking them against each other is :mod:`fedsim.record.verify`'s."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedsim.cadence import EvalCadence
+from fedsim.errors import FedsimError
+from fedsim.reading import GIB, SUMMARY_BYTES, check_file, read_json, read_json_lines, read_text
+from fedsim.record.layout import ERROR, METRICS, PARTITION, PROGRESS, RECORD_VERSION, SUMMARY, VERSION_KEY
+from fedsim.record.schemas import Progress, RoundRecord, StepRecord, Summary
+
+TORCH_BYTES = 64 * GIB  # a checkpoint or model fedsim wrote: far above any the paper's models make
+
+
+def read_torch(path: Path, what: str) -> Any:
+    """``torch.load`` of a file fedsim wrote (tensors and plain types only); a truncated or foreign file
+    is one line naming it and ``what`` it should be, not a pickle traceback; a FIFO or a device is refused
+    unread (torch.load would wait on it forever)."""
+    if path.exists():  # a missing file stays FileNotFoundError: its callers say which run lacks it
+        check_file(path, what, TORCH_BYTES, FedsimError)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # noqa: BLE001 (whatever torch's readers raise on bytes that are not theirs)
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise FedsimError(f"{path}: not a readable {what} ({type(err).__name__}: {first})") from err
+
+
+def final_accuracies(metrics: list[dict[str, Any]]) -> dict[str, float | None]:
+    """What ``summary.json`` records of a run's ``metrics.jsonl``: the last and the best client-mean accuracy, and
+    the global accuracy of the last line (the run's last round, which it always evaluates)."""
+    accs = [m["client_mean_acc"] for m in metrics if m.get("client_mean_acc") is not None]
+    return {
+        "final_client_mean_acc": accs[-1] if accs else None,
+        "best_client_mean_acc": max(accs) if accs else None,
+        "final_global_acc": metrics[-1].get("global_acc") if metrics else None,
+    }
+
+
+def read_metrics(
+    run_dir: str | Path, index: str = "round", last: int | None = None, cadence: EvalCadence | None = None
+) -> list[dict[str, Any]]:
+    """Every line of ``metrics.jsonl`` so far (none before the first evaluation); each names its ``index``
+    (``round`` in a run, ``step`` in a ``fedsim local`` continuation), strictly increasing line by line, at
+    most ``last`` (the run's ``train.rounds``, the continuation's steps) where that is known, and a round the
+    run evaluates where its ``cadence`` is given."""
+    path = Path(run_dir) / METRICS
+    if not path.exists():
+        return []
+    schema = RoundRecord if index == "round" else StepRecord
+    return read_json_lines(path, schema, "metrics", increasing=index, context={"last": last, "cadence": cadence})
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any]:
+    """``summary.json`` of a finished run, as written, once it is what fedsim writes (:class:`Summary`) of this
+    record version (:func:`check_version`)."""
+    path = Path(run_dir) / SUMMARY
+    return check_version(path, read_json(path, Summary, "summary"))
+
+
+def read_progress(run_dir: str | Path) -> dict[str, Any]:
+    """``progress.json``, as written, once it is what fedsim writes (:class:`Progress`) of this record version
+    (:func:`check_version`); a launcher polls it while the ServerApp runs, and skips a poll that finds it
+    missing."""
+    path = Path(run_dir) / PROGRESS
+    return check_version(path, read_json(path, Progress, "progress"))
+
+
+def check_version(path: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` (read from ``path``) once it is of this fedsim's record version
+    (:data:`fedsim.record.layout.RECORD_VERSION`); another is refused, naming the command that upgrades an older
+    one."""
+    version = record.get(VERSION_KEY)
+    if version == RECORD_VERSION:
+        return record
+    if version is None or version < RECORD_VERSION:
+        raise FedsimError(
+            f"{path}: a run record of version {version or 0}, older than this fedsim's ({RECORD_VERSION}): upgrade "
+            f"it with `fedsim record upgrade {path.parent}`"
+        )
+    raise FedsimError(f"{path}: a run record of version {version}, newer than this fedsim's ({RECORD_VERSION}): "
+                      "read it with the fedsim that wrote it")  # fmt: skip
+
+
+def read_error(run_dir: str | Path) -> str:
+    """``error.txt``: why the ServerApp stopped (:meth:`RunDir.write_error`)."""
+    return read_text(Path(run_dir) / ERROR, "the ServerApp's error", SUMMARY_BYTES, FedsimError)
+
+
+def read_partition(path: str | Path) -> tuple[list[str], dict[str, np.ndarray]]:
+    """``partition.csv`` read back: the class names and, per split, the clients x classes counts."""
+    file = Path(path) / PARTITION
+    text = read_text(file, "the partition table", SUMMARY_BYTES, FedsimError)
+    try:
+        rows = list(csv.reader(io.StringIO(text, newline="")))
+        classes = rows[0][2:-1]
+        counts: dict[str, list[list[int]]] = {}
+        for split, _client, *cells in rows[1:]:
+            counts.setdefault(split, []).append([int(v) for v in cells[:-1]])
+        return classes, {split: np.array(c, dtype=np.int64) for split, c in counts.items()}
+    except (csv.Error, IndexError, ValueError) as err:
+        raise FedsimError(f"{file}: not the partition table fedsim writes ({type(err).__name__}: {err})") from err

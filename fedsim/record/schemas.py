@@ -1,0 +1,149 @@
+"""The schemas of the JSON files a run directory holds, as strictly as fedsim writes them: a line of
+metrics.jsonl (:class:`RoundRecord`; a ``fedsim local`` continuation's, :class:`StepRecord`),
+progress.json (:class:`Progress`) and summary.json (:class:`Summary`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from fedsim.record.layout import RECORD_VERSION
+
+
+class Written(BaseModel):
+    """Base of the schemas of the JSON files fedsim writes, as strictly as it writes them: a number is never
+    text, and JSON has no NaN; fields a schema does not name are kept."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+
+def _numeric(value: Any) -> bool:
+    if isinstance(value, list):
+        return all(_numeric(v) for v in value)
+    if isinstance(value, dict):
+        return all(_numeric(v) for v in value.values())
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def _metric(value: Any) -> Any:
+    if not _numeric(value):
+        raise PydanticCustomError("metric", "a metric is a number or null, or a list or mapping of them")
+    return value
+
+
+# every metric fedsim writes (a loss, per-class accuracies, failed clients by round): numbers, null where
+# nothing was measured, never text or a boolean, which a table or figure would show as if measured
+Metric = Annotated[Any, AfterValidator(_metric)]
+
+
+class MetricsRecord(Written):
+    """A line of ``metrics.jsonl``: the fields that ``fedsim report`` and ``fedsim plot`` read, and any other
+    metric, kept as written once it is numbers (:data:`Metric`)."""
+
+    __pydantic_extra__: dict[str, Metric] = Field(init=False)
+
+    client_mean_acc: float | None = Field(None, ge=0, le=1)
+    global_acc: float | None = Field(None, ge=0, le=1)
+    own_class_acc: float | None = Field(None, ge=0, le=1)
+    other_class_acc: float | None = Field(None, ge=0, le=1)
+    feature_erank: float | None = None
+    feature_norm_mean: float | None = None
+    feature_sv: list[float | None] | None = None
+    time_s: float | None = Field(None, ge=0)  # time since the run started
+    rss_mb: float | None = Field(None, ge=0)
+    client_acc: list[Annotated[float, Field(ge=0, le=1)] | None] | None = None
+
+
+def _within(index: str, value: int, info: ValidationInfo) -> int:
+    """``value`` of the ``index`` field, once it is at most ``info.context["last"]`` (the run's rounds, a
+    continuation's steps) and, where ``info.context["cadence"]`` is given, a round it evaluates: a line beyond
+    the run, or at a round it did not evaluate (an edit, a line of another run), is one it could not have written."""
+    context = info.context or {}
+    last, cadence = context.get("last"), context.get("cadence")
+    if last is not None and value > last:
+        raise PydanticCustomError(
+            "beyond_the_run", "{index} {value} is beyond the run's {last} {index}s",
+            {"index": index, "value": value, "last": last},
+        )  # fmt: skip
+    if cadence is not None and not cadence.is_eval_round(value):
+        raise PydanticCustomError(
+            "not_evaluated", "round {value} is not one the run evaluated (eval.every: {every}, and its last, {last})",
+            {"value": value, "every": cadence.every, "last": cadence.num_rounds},
+        )  # fmt: skip
+    return value
+
+
+class RoundRecord(MetricsRecord):
+    round: int = Field(ge=1)
+
+    @field_validator("round")
+    @classmethod
+    def _within_rounds(cls, value: int, info: ValidationInfo) -> int:
+        return _within("round", value, info)
+
+
+class StepRecord(MetricsRecord):
+    step: int = Field(ge=0)
+
+    @field_validator("step")
+    @classmethod
+    def _within_steps(cls, value: int, info: ValidationInfo) -> int:
+        return _within("step", value, info)
+
+
+class Versioned(Written):
+    """What a JSON file of the record says of its version: what an upgrade reads of an older one before it
+    knows which fields it has (fedsim.record.upgrade)."""
+
+    record_version: int | None = None
+
+
+def _complete(record: Versioned, keys: tuple[str, ...]) -> Any:
+    """``record`` once the checksums ``keys`` are all there, if it is of this record version (an older one is
+    refused whole by its reader, naming the upgrade)."""
+    if record.record_version == RECORD_VERSION and (missing := [k for k in keys if getattr(record, k) is None]):
+        raise PydanticCustomError("missing", "{key}: Field required", {"key": missing[0]})
+    return record
+
+
+class Progress(Versioned):
+    """``progress.json`` (:meth:`RunDir.write_progress`): the latest round, its training loss and client-mean
+    accuracy (None: not evaluated that round)."""
+
+    round: int = Field(ge=0)
+    loss: float | None
+    acc: float | None = Field(ge=0, le=1)
+    # of this record version (fedsim.record.reader.check_version) every one is there (_complete)
+    record_version: int | None = None
+    config_sha256: str | None = None  # fedsim.record.checksums.config_checksum
+    partition_sha256: str | None = None  # partition_checksum; None before the run wrote partition.csv
+    metrics_sha256: str | None = None  # MetricsChecksum
+    metrics_lines: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _all_checksums(self) -> Progress:
+        return _complete(self, ("config_sha256", "metrics_sha256", "metrics_lines"))
+
+
+class Summary(Versioned):
+    """``summary.json``: the fields that ``fedsim report`` and ``fedsim plot`` read (others kept)."""
+
+    rounds: int = Field(ge=1)
+    final_client_mean_acc: float | None = Field(ge=0, le=1)
+    best_client_mean_acc: float | None = Field(ge=0, le=1)
+    final_global_acc: float | None = Field(ge=0, le=1)
+    # of this record version (fedsim.record.reader.check_version) every checksum is there (_complete)
+    record_version: int | None = None
+    config_sha256: str | None = None  # fedsim.record.checksums.config_checksum
+    partition_sha256: str | None = None  # partition_checksum; None: the run wrote no partition.csv
+    data_sha256: str | None = None  # fedsim.data.fingerprint (None: a summary written by hand, for a test)
+    metrics_sha256: str | None = None  # MetricsChecksum
+    metrics_lines: int | None = Field(None, ge=1)
+    model_sha256: str | None = None  # digest of model.pt's state dict (None: no model.pt)
+    summary_sha256: str | None = None  # summary_checksum
+
+    @model_validator(mode="after")
+    def _all_checksums(self) -> Summary:
+        return _complete(self, ("config_sha256", "metrics_sha256", "metrics_lines", "summary_sha256"))

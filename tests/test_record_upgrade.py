@@ -1,0 +1,118 @@
+"""The one upgrade path of a run record (fedsim.record.upgrade, ``fedsim record upgrade``): readers refuse an
+older record in one line naming the command; the command checks the older record's checksums once, stamps it of
+this version with every checksum, keeps its numbers, and leaves a record it cannot vouch for as it was."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fedsim.cli import main
+from fedsim.config_file import parse_config
+from fedsim.errors import FedsimError
+from fedsim.record.claim import locked
+from fedsim.record.layout import RECORD_VERSION
+from fedsim.record.run import read_run
+from fedsim.record.upgrade import upgrade_run
+from fedsim.runner import run
+from tests.conftest import small_config
+
+CHECKSUMS = ("config_sha256", "partition_sha256", "metrics_sha256", "metrics_lines", "summary_sha256")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run of 3 rounds, evaluated every round."""
+    root = tmp_path_factory.mktemp("upgrade")
+    run_dir = root / "run"
+    run(parse_config(small_config(root, train={"rounds": 3}, eval={"every": 1}, output={"run_dir": str(run_dir)})))
+    return run_dir
+
+
+def older(finished: Path, tmp_path: Path) -> Path:
+    """A copy of ``finished`` whose summary.json a fedsim before record versions and checksums wrote."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in summary.items() if k not in (*CHECKSUMS, "record_version")}))
+    return run_dir
+
+
+def test_a_run_records_this_version(finished: Path) -> None:
+    assert json.loads((finished / "summary.json").read_text())["record_version"] == RECORD_VERSION
+    assert upgrade_run(finished) == f"{finished}: already of record version {RECORD_VERSION}"
+
+
+def test_an_older_record_is_refused_naming_the_upgrade_then_read_as_it_was(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = older(finished, tmp_path)
+    assert main(["report", str(run_dir), "--out", str(tmp_path / "rep")]) == 2
+    assert capsys.readouterr().err == (
+        f"fedsim: error: {run_dir / 'summary.json'}: a run record of version 0, older than this fedsim's "
+        f"({RECORD_VERSION}): upgrade it with `fedsim record upgrade {run_dir}`\n"
+    )
+    assert main(["record", "upgrade", str(tmp_path)]) == 0  # a directory holding runs: each upgraded
+    assert capsys.readouterr().out == f"{run_dir}: summary.json upgraded from record version 0 to {RECORD_VERSION}\n"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    own = json.loads((finished / "summary.json").read_text())
+    assert summary == own  # every checksum the run recorded, its numbers untouched
+    assert read_run(run_dir)["summary"] == own
+
+
+def test_an_older_record_that_its_files_disagree_with_is_left_as_it_was(finished: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    path = run_dir / "summary.json"
+    summary = {k: v for k, v in json.loads(path.read_text()).items() if k != "record_version"}
+    path.write_text(json.dumps({**summary, "final_client_mean_acc": 0.99}))  # edited after the run
+    before = path.read_bytes()
+    with pytest.raises(FedsimError, match="summary.json is not the summary the run wrote"):
+        upgrade_run(run_dir)
+    assert path.read_bytes() == before
+    older_run = older(finished, tmp_path / "older")
+    lines = (older_run / "metrics.jsonl").read_text().splitlines()
+    (older_run / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # its last evaluation lost
+    before = (older_run / "summary.json").read_bytes()
+    with pytest.raises(FedsimError, match="metrics.jsonl ends at round 2 but the run finished 3 rounds"):
+        upgrade_run(older_run)
+    assert (older_run / "summary.json").read_bytes() == before  # read back whole failed: as it was
+
+
+def test_a_newer_record_and_a_live_runs_are_refused(finished: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    path = run_dir / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "record_version": RECORD_VERSION + 1}))
+    with pytest.raises(FedsimError, match=f"of record version {RECORD_VERSION + 1}, newer than this fedsim's"):
+        upgrade_run(run_dir)
+    with pytest.raises(FedsimError, match=f"of version {RECORD_VERSION + 1}, newer than this fedsim's"):
+        read_run(run_dir)
+    live = older(finished, tmp_path / "live")
+    with locked(live), pytest.raises(FedsimError, match="is in use by another fedsim run"):
+        upgrade_run(live)
+
+
+@pytest.mark.slow
+def test_a_stopped_run_of_an_older_fedsim_resumes_without_an_upgrade(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume replaces the stopped run's progress.json (of an older record, here) with its own: `fedsim run
+    --resume` goes on from the checkpoint, and the finished run is of this version."""
+    from fedsim.record.checkpoint import resume_config
+    from tests.test_resume import stopped_in
+
+    run_dir = tmp_path / "run"
+    raw = small_config(tmp_path, train={"rounds": 4}, eval={"every": 1},
+                       output={"run_dir": str(run_dir), "checkpoint_every": 2})  # fmt: skip
+    stopped_in(raw, 3, monkeypatch)
+    progress = json.loads((run_dir / "progress.json").read_text())
+    (run_dir / "progress.json").write_text(json.dumps({k: v for k, v in progress.items() if k != "record_version"}))
+    with pytest.raises(FedsimError, match="upgrade it with `fedsim record upgrade"):
+        read_run(run_dir)
+    run(resume_config(run_dir), resume=True)
+    assert read_run(run_dir)["summary"]["record_version"] == RECORD_VERSION
