@@ -414,6 +414,8 @@ def test_flwr_run_dot_runs_the_repository_as_a_flower_app(tmp_path: Path, monkey
     from fedsim.deploy.topology import CONNECTION
 
     monkeypatch.chdir(tmp_path)  # the SuperLink's working directory: the run lands in ./runs
+    # the deployment's processes import this repository's fedsim, as fedsim_deploy's do, not another installed one
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     cfg = load_config(REPO / "configs" / "deploy_smoke.yaml")
     cfg.output.run_dir = str(tmp_path / "launcher")
     with LocalDeployment(cfg) as dep:
