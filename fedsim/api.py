@@ -20,6 +20,7 @@ from fedsim.config import RunConfig
 from fedsim.config_file import apply_overrides, check_keys_once, load_config, parse_config
 from fedsim.environment import check_working_directory
 from fedsim.errors import ConfigError, brief
+from fedsim.record.layout import CONFIG
 from fedsim.record.paths import run_dirs
 from fedsim.record.run import read_run
 
@@ -147,7 +148,7 @@ def resume(run_dir: str | os.PathLike[str]) -> Run:
 def open_run(run_dir: str | os.PathLike[str]) -> Run:
     """An existing run directory (finished or not); an error if it is not one."""
     path = _path(run_dir, "run_dir")
-    if not (path / "config.yaml").is_file():
+    if not (path / CONFIG).is_file():
         raise ConfigError(f"{path}: not a run directory (no config.yaml)")
     return Run(path)
 

@@ -16,7 +16,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from fedsim.record.checksums import CHECKSUMS
+from fedsim.record.checksums import CHECKSUMS, DATA_FINGERPRINT
+from fedsim.record.layout import VERSION_KEY
 
 console = Console(stderr=True)
 
@@ -43,7 +44,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in summary.items():
-        if key in CHECKSUMS:  # for fedsim to check files against, not for reading
+        if key in CHECKSUMS or key in (DATA_FINGERPRINT, VERSION_KEY):  # for fedsim to check against, not to read
             continue
         if isinstance(value, float):
             value = f"{value:.4f}"

@@ -46,7 +46,7 @@ from fedsim.norms import seed_norm_noise
 from fedsim.reading import read_json
 from fedsim.record.checksums import DATA_FINGERPRINT, MODEL_CHECKSUM, verify
 from fedsim.record.claim import claimed
-from fedsim.record.layout import LOCAL_JSON, SUMMARY
+from fedsim.record.layout import CONFIG, LOCAL_JSON, MODEL, SUMMARY
 from fedsim.record.reader import read_summary, read_torch
 from fedsim.record.schemas import Written
 from fedsim.record.verify import check_summary
@@ -105,17 +105,17 @@ def finished_run_config(
         )
     if not 1 <= every <= steps:  # E = S: before the first step and after the last only
         raise ConfigError(f"--every {every}: evaluate every E steps with E in 1..{steps} (--steps)")
-    if not (run_dir / "config.yaml").is_file():
+    if not (run_dir / CONFIG).is_file():
         raise ConfigError(f"{run_dir}: not a run directory (no config.yaml there)")
     # exists, not is_file: a summary or model that is something else (a FIFO) is refused by its reader, by name
-    missing = [name for name in (SUMMARY, "model.pt") if not (run_dir / name).exists()]
+    missing = [name for name in (SUMMARY, MODEL) if not (run_dir / name).exists()]
     if missing:
         raise ConfigError(
             f"{run_dir}: not a finished run with a saved model (no {' or '.join(missing)}): finish it first "
             f"(fedsim run --resume {run_dir}), with output.save_model: true"
         )
     check_overrides(overrides or [])
-    cfg = read_run_config(run_dir / "config.yaml", overrides)
+    cfg = read_run_config(run_dir / CONFIG, overrides)
     n = cfg.train.num_clients
     if not 0 <= client < n:
         raise ConfigError(f"--client {client} is out of range; allowed 0..{n - 1} (the run's train.num_clients)")
@@ -173,7 +173,7 @@ def _check_same_request(path: Path, client: int, steps: int, every: int, overrid
 
 def load_model(run_dir: Path, summary: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The run's ``model.pt``, checked against the checksum its ``summary`` recorded when it was written."""
-    path = run_dir / "model.pt"
+    path = run_dir / MODEL
     state = read_torch(path, "model")
     verify(path, state, summary.get(MODEL_CHECKSUM))
     return state
@@ -194,7 +194,7 @@ def continue_locally(
     _check_same_request(path, client, steps, every, list(overrides or []))  # before any data is read; again below
     summary = read_summary(Path(run_dir))
     # the run's config as it finished (its config.yaml edited since, a seed or the clients, would split other data)
-    check_summary(Path(run_dir), read_run_config(Path(run_dir) / "config.yaml", read_back=True), summary)
+    check_summary(Path(run_dir), read_run_config(Path(run_dir) / CONFIG, read_back=True), summary)
     experiment = resolve(cfg)
     check_runnable(experiment)  # what fedsim run checks (a batch larger than the data), before any directory
     runtime = ClientRuntime(experiment)

@@ -159,7 +159,9 @@ def config_of(config_json: str) -> RunConfig:
 
 @lru_cache(maxsize=2)
 def prepare(config_json: str) -> ClientRuntime:
-    """The process's runtime for a run config (JSON), built on first use."""
+    """The process's runtime for a run config (JSON), built on first use. An ``lru_cache`` by contract:
+    ``prepare.cache_info().misses`` counts the runtimes this process built, which a SuperNode's fork server reads
+    to tell a runtime a task built from one it inherited (fedsim.deploy.clientapp)."""
     return ClientRuntime(resolve(config_of(config_json)))
 
 

@@ -137,9 +137,8 @@ def start_task(
         print(f"fedsim fork server: refused a request: {err}", file=sys.stderr)
         conn.close()
         return
-    # the stop signals wait while the child is forked and its handlers become the defaults: one that came in
-    # between ran the server's handler there or, once the handler was reset, was dropped, and the task ran on
-    # (a task stopped as it started, by a shim that went at once)
+    # the stop signals wait while the child is forked and its handlers become the defaults, so a stop that comes
+    # in between is neither run by the server's handler in the child nor lost: the child's task stops by it
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
     pid = os.fork()
     if pid == 0:  # no socket of the server's stays open in a task: a shim waits for the end of its own alone

@@ -154,14 +154,11 @@ def check_partition(
             f"{file}: rows per split {shapes}, where the run's config.yaml has {cfg.train.num_clients} clients "
             f"(train.num_clients) in each of train and test: {RESTORE_HINT}"
         )
-    if recorded is not None and recorded[PARTITION_CHECKSUM] != partition_checksum(classes, counts):
+    if recorded is not None and recorded.get(PARTITION_CHECKSUM) != partition_checksum(classes, counts):
         raise FedsimError(
             f"{path}: partition.csv is not the partition the run trained on ({PARTITION_CHECKSUM} in {source} "
             f"differs; edited after the run, or another run's): {RESTORE_HINT}"
         )
-
-
-# Config keys that do not change what a run learns: reports, sweeps and resume ignore them
 
 
 def check_against_checkpoint(path: Path, cfg: RunConfig, metrics: list[dict[str, Any]]) -> None:

@@ -65,7 +65,7 @@ from fedsim.errors import ConfigError, FedsimError, brief
 from fedsim.experiment import resolve
 from fedsim.names import NAME_RULE, cut, is_name, printable
 from fedsim.ownership import check_not_in_a_run
-from fedsim.record.layout import CHECKPOINT, SUMMARY
+from fedsim.record.layout import CHECKPOINT, CONFIG, SUMMARY
 from fedsim.trackers import resolve_trackers
 
 OUTPUT = "--output (or the sweep file's output)"  # the sweep directory, as messages name it
@@ -378,7 +378,7 @@ def state_of(cfg: RunConfig) -> str:
         return state
     what = f"a finished run ({SUMMARY})" if state == "done" else f"an unfinished run ({CHECKPOINT})"
     try:
-        raw = read_yaml(run_dir / "config.yaml", "the run's config.yaml")
+        raw = read_yaml(run_dir / CONFIG, "the run's config.yaml")
     except ConfigError as err:
         raise _damaged(run_dir, what, str(err)) from err
     if not isinstance(raw, dict):

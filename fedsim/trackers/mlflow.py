@@ -13,6 +13,7 @@ from pydantic import Field
 from fedsim.errors import FedsimError
 from fedsim.files import write_file
 from fedsim.reading import KIB, read_text
+from fedsim.record.layout import SUMMARY
 from fedsim.trackers.base import TRACKERS, Tracker
 
 RUN_ID_FILE = "mlflow_run_id"  # a resumed run continues the MLflow run it started
@@ -71,7 +72,7 @@ class MLflow(Tracker):
 
     def log_artifact(self, path: Path) -> None:
         self.client.log_artifact(self.run_id, str(path))
-        if path.name == "summary.json":
+        if path.name == SUMMARY:
             self.status = "FINISHED"
 
     def close(self) -> None:
