@@ -16,8 +16,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from fedsim.record.checksums import CHECKSUMS, DATA_FINGERPRINT
-from fedsim.record.layout import VERSION_KEY
+from fedsim.record.checksums import CHECKS
 
 console = Console(stderr=True)
 
@@ -44,7 +43,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in summary.items():
-        if key in CHECKSUMS or key in (DATA_FINGERPRINT, VERSION_KEY):  # for fedsim to check against, not to read
+        if key in CHECKS:
             continue
         if isinstance(value, float):
             value = f"{value:.4f}"

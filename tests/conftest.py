@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import itertools
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,8 @@ from typing import Any
 import pytest
 import torch
 import yaml
+
+from fedsim.record.layout import RECORD_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
 MNIST_SMALL = REPO / "fedsim" / "assets" / "mnist_small.npz"
@@ -141,3 +144,11 @@ def one_line(err: str) -> str:
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("fedsim: error: "), err[-2000:]
     return lines[0]
+
+
+def written(**fields: object) -> str:
+    """``fields`` as progress.json or summary.json holds them: of this record version, with the checksums it
+    records (of no files: a poll shows them unchecked)."""
+    stamp = {"record_version": RECORD_VERSION, "config_sha256": "0" * 64, "metrics_sha256": "0" * 64,
+             "metrics_lines": 1}  # fmt: skip
+    return json.dumps({**fields, **stamp})

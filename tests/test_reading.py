@@ -16,9 +16,8 @@ import pytest
 from fedsim.cli import main
 from fedsim.config_file import parse_config
 from fedsim.record.checksums import CONFIG_CHECKSUM, config_checksum, config_tree
-from fedsim.record.layout import RECORD_VERSION
 from fedsim.record.writer import RunDir
-from tests.conftest import small_config, write_config
+from tests.conftest import small_config, write_config, written
 
 
 def one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -377,14 +376,6 @@ class Shown:
 
     def update(self, server_round: int, loss: float | None, acc: float | None) -> None:
         self.rounds.append((server_round, loss, acc))
-
-
-def written(**fields: object) -> str:
-    """``fields`` as progress.json or summary.json holds them: of this record version, with the checksums it
-    records (of no files: a poll shows them unchecked)."""
-    stamp = {"record_version": RECORD_VERSION, "config_sha256": "0" * 64, "metrics_sha256": "0" * 64,
-             "metrics_lines": 1}  # fmt: skip
-    return json.dumps({**fields, **stamp})
 
 
 def test_fedsim_deploy_polls_without_hanging_on_or_trusting_a_file_fedsim_did_not_write(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, written
 
 # A stand-in for the flwr CLI: answers from $FAKE_FLWR (a JSON file: command -> reply) and logs each call
 FAKE_FLWR = """\
@@ -84,10 +84,10 @@ def write_run(run_dir: Path, rounds: int) -> None:
     lines = [{"round": r, "train_loss": 1.0 / r, "client_mean_acc": 0.4 + r / 100, "global_acc": 0.45 + r / 100,
               "time_s": 3.0 * r} for r in range(1, rounds + 1)]  # fmt: skip
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    (run_dir / "progress.json").write_text(json.dumps({"round": rounds, "loss": 1.0 / rounds, "acc": 0.42}))
-    (run_dir / "summary.json").write_text(json.dumps({"name": "quickstart", "rounds": rounds,
-                                                      "final_client_mean_acc": 0.42, "best_client_mean_acc": 0.42,
-                                                      "final_global_acc": 0.466, "per_class_acc": [0.1]}))  # fmt: skip
+    (run_dir / "progress.json").write_text(written(round=rounds, loss=1.0 / rounds, acc=0.42))
+    (run_dir / "summary.json").write_text(written(name="quickstart", rounds=rounds, final_client_mean_acc=0.42,
+                                                  best_client_mean_acc=0.42, final_global_acc=0.466,
+                                                  per_class_acc=[0.1], summary_sha256="0" * 64))  # fmt: skip
 
 
 @pytest.mark.parametrize(("status", "code"), [("finished:completed", 0), ("finished:failed", 1),

@@ -39,6 +39,7 @@ from fedsim import wire
 from fedsim.deploy.topology import CONNECTION
 from fedsim.errors import FedsimError
 from fedsim.files import remove
+from fedsim.record.checksums import CHECKS
 from fedsim.record.layout import PROGRESS, SUMMARY
 from fedsim.record.reader import read_metrics, read_progress, read_summary
 
@@ -154,7 +155,9 @@ class RoundPrinter:
         except FedsimError as err:
             self.say(f"summary: {err}")
             return
-        shown = [(k, v) for k, v in summary.items() if not isinstance(v, (list, dict)) and v is not None]
+        shown = [
+            (k, v) for k, v in summary.items() if k not in CHECKS and not isinstance(v, (list, dict)) and v is not None
+        ]
         self.say("summary: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in shown))
 
 

@@ -21,6 +21,7 @@ import torch
 
 from fedsim.config import NOT_LEARNING, RunConfig, flatten
 from fedsim.errors import FedsimError
+from fedsim.record.layout import VERSION_KEY
 
 MODEL_CHECKSUM = "model_sha256"  # summary.json: model.pt's checksum (digest)
 CONFIG_CHECKSUM = "config_sha256"  # summary.json, progress.json: config.yaml's checksum (config_checksum)
@@ -31,6 +32,8 @@ SUMMARY_CHECKSUM = "summary_sha256"  # summary.json: the checksum of its other f
 DATA_FINGERPRINT = "data_sha256"  # checkpoint.pt, summary.json: the data's fingerprint (fedsim.data.fingerprint)
 # summary.json's keys for fedsim, not for reading
 CHECKSUMS = (MODEL_CHECKSUM, CONFIG_CHECKSUM, PARTITION_CHECKSUM, METRICS_CHECKSUM, METRICS_LINES, SUMMARY_CHECKSUM)
+# what a summary holds for fedsim to check files against, not for a researcher to read: summaries shown leave them out
+CHECKS = (*CHECKSUMS, DATA_FINGERPRINT, VERSION_KEY)
 
 
 def _feed(h: Any, value: Any) -> None:
