@@ -40,6 +40,15 @@ RESTORE_HINT = "restore the whole run directory, or move it out of the directori
 RESUME_HINT = f"`fedsim run --resume` it from its {CHECKPOINT} (which rewrites the lines), or {RESTORE_HINT}"
 
 
+def check_summary_checksum(path: Path, summary: dict[str, Any]) -> None:
+    """``summary.json``'s own checksum (:func:`summary_checksum`) is that of its other fields."""
+    if summary[SUMMARY_CHECKSUM] != summary_checksum(summary):
+        raise FedsimError(
+            f"{path}: summary.json is not the summary the run wrote ({SUMMARY_CHECKSUM} differs: a field edited after "
+            f"the run): {RESTORE_HINT}"
+        )
+
+
 def check_summary(path: Path, cfg: RunConfig, summary: dict[str, Any]) -> None:
     """A finished run's ``summary.json`` is the one it wrote (:func:`summary_checksum`), of the run its
     ``config.yaml`` describes: the same rounds and the same :func:`config_checksum`. A config edited after the
@@ -50,11 +59,7 @@ def check_summary(path: Path, cfg: RunConfig, summary: dict[str, Any]) -> None:
             f"{path}: summary.json says the run finished {summary['rounds']} rounds, its config.yaml's train.rounds "
             f"is {cfg.train.rounds}: {RESTORE_HINT}"
         )
-    if summary[SUMMARY_CHECKSUM] != summary_checksum(summary):
-        raise FedsimError(
-            f"{path}: summary.json is not the summary the run wrote ({SUMMARY_CHECKSUM} differs: a field edited after "
-            f"the run): {RESTORE_HINT}"
-        )
+    check_summary_checksum(path, summary)
     check_config(path, summary[CONFIG_CHECKSUM], SUMMARY, "finished with")
 
 

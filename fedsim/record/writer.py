@@ -59,6 +59,13 @@ def _metrics_line(record: dict[str, Any]) -> bytes:
     return (json.dumps(record, allow_nan=False) + "\n").encode()
 
 
+def record_json(name: str, value: dict[str, Any]) -> bytes:
+    """``progress.json`` (one line, rewritten every round) or ``summary.json`` (indented, for reading) as written."""
+    if name == SUMMARY:
+        return (json.dumps(value, indent=2, allow_nan=False) + "\n").encode()
+    return json.dumps(value, allow_nan=False).encode()
+
+
 class RunDir:
     """A run's directory as the run writes it. ``trackers`` (:func:`fedsim.trackers.open_trackers` for the
     directory once made) get what it gets: its config, every metrics line, and at :meth:`close` its files."""
@@ -118,7 +125,7 @@ class RunDir:
         checksums of the config it runs (:meth:`write_config`) and of the metrics lines so far: an unfinished
         run's config.yaml and metrics.jsonl are checked by them."""
         progress = json_safe({"round": server_round, "loss": loss, "acc": acc, **self._checksums()})
-        write_file(self.path / PROGRESS, json.dumps(progress, allow_nan=False).encode())
+        write_file(self.path / PROGRESS, record_json(PROGRESS, progress))
 
     def _checksums(self) -> dict[str, Any]:
         """What progress.json and summary.json record of the run's files so far (config, partition, metrics), and
@@ -135,7 +142,7 @@ class RunDir:
         returns it as written."""
         summary = json_safe({**summary, **self._checksums()})
         summary[SUMMARY_CHECKSUM] = summary_checksum(summary)
-        write_file(self.path / SUMMARY, (json.dumps(summary, indent=2, allow_nan=False) + "\n").encode())
+        write_file(self.path / SUMMARY, record_json(SUMMARY, summary))
         return summary
 
     def close(self) -> None:
