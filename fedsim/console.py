@@ -16,7 +16,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from fedsim.record.checksums import CHECKS
+from fedsim.record.manifest import CHECKS
 
 console = Console(stderr=True)
 

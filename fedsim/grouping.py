@@ -9,7 +9,7 @@ from typing import Any
 
 from fedsim.config import NOT_LEARNING
 from fedsim.errors import DataError, FedsimError
-from fedsim.record.checksums import DATA_FINGERPRINT
+from fedsim.record.manifest import DATA_FINGERPRINT
 
 _IGNORED = ("seed", *NOT_LEARNING)  # reports also average over seeds
 _NOT_LEARNING_NAMES = [key.rstrip(".") for key in NOT_LEARNING]

@@ -44,12 +44,12 @@ from fedsim.layout import torch_threads
 from fedsim.names import control_character, cut, unprintable
 from fedsim.norms import seed_norm_noise
 from fedsim.reading import read_json
-from fedsim.record.checksums import DATA_FINGERPRINT, MODEL_CHECKSUM, verify
 from fedsim.record.claim import claimed
 from fedsim.record.layout import CONFIG, LOCAL_JSON, MODEL, SUMMARY
-from fedsim.record.reader import read_summary, read_torch
+from fedsim.record.manifest import DATA_FINGERPRINT, FILES, SHA256, check_entry
+from fedsim.record.reader import load_torch, metrics_bytes, read_summary, read_torch_bytes
 from fedsim.record.schemas import Written
-from fedsim.record.verify import check_summary
+from fedsim.record.verify import RESTORE_HINT, check_files, check_summary
 from fedsim.record.writer import RunDir
 from fedsim.registry import PluginParams
 from fedsim.runner import check_runnable
@@ -136,7 +136,7 @@ class LocalRequest(Written):
     batch_size: int = Field(ge=1)
     augment: bool
     overrides: list[str] = []  # absent from the first fedsim local's files
-    model_sha256: str | None = None  # the model it continued (the run's summary.json); absent from earlier files
+    model_sha256: str  # the SHA-256 of the model.pt it continued, as the run's summary.json lists it
 
 
 def read_request(local: str | Path) -> dict[str, Any]:
@@ -145,16 +145,14 @@ def read_request(local: str | Path) -> dict[str, Any]:
     re-run in its directory, or copied into another run's, was drawn as a continuation of that run's model."""
     local = Path(local)
     request = read_json(local / LOCAL_JSON, LocalRequest, "fedsim local's request", error=FedsimError)
-    recorded = request.get(MODEL_CHECKSUM)
-    if recorded is not None:
-        summary = local.parent / SUMMARY
-        model = read_summary(local.parent).get(MODEL_CHECKSUM) if summary.exists() else None
-        if model != recorded:
-            raise FedsimError(
-                f"{local}: a continuation of another model than its run's ({MODEL_CHECKSUM} in local.json is not "
-                f"the one in {summary}: the run was run again since, or this directory was copied from another "
-                "run's); move or delete it"
-            )
+    summary = local.parent / SUMMARY
+    model = read_summary(local.parent)[FILES].get(MODEL) if summary.exists() else None
+    if model is None or model[SHA256] != request["model_sha256"]:
+        raise FedsimError(
+            f"{local}: a continuation of another model than its run's (model_sha256 in local.json is not the "
+            f"{MODEL} in {summary}'s {FILES}: the run was run again since, or this directory was copied from another "
+            "run's); move or delete it"
+        )
     return request
 
 
@@ -172,11 +170,13 @@ def _check_same_request(path: Path, client: int, steps: int, every: int, overrid
 
 
 def load_model(run_dir: Path, summary: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The run's ``model.pt``, checked against the checksum its ``summary`` recorded when it was written."""
+    """The run's ``model.pt``, once its bytes are those its ``summary`` lists (size and SHA-256)."""
     path = run_dir / MODEL
-    state = read_torch(path, "model")
-    verify(path, state, summary.get(MODEL_CHECKSUM))
-    return state
+    if MODEL not in summary[FILES]:
+        raise FedsimError(f"{path}: not a file the run wrote (summary.json lists no {MODEL}): {RESTORE_HINT}")
+    data = read_torch_bytes(path, "model")
+    check_entry(path, data, summary[FILES][MODEL], f"summary.json's {FILES}", RESTORE_HINT)
+    return load_torch(path, data, "model")
 
 
 @claim_process("fedsim local")
@@ -195,6 +195,7 @@ def continue_locally(
     summary = read_summary(Path(run_dir))
     # the run's config as it finished (its config.yaml edited since, a seed or the clients, would split other data)
     check_summary(Path(run_dir), read_run_config(Path(run_dir) / CONFIG, read_back=True), summary)
+    check_files(Path(run_dir), summary, SUMMARY, metrics_bytes(run_dir))
     experiment = resolve(cfg)
     check_runnable(experiment)  # what fedsim run checks (a batch larger than the data), before any directory
     runtime = ClientRuntime(experiment)
@@ -223,7 +224,7 @@ def continue_locally(
             run_dir=str(Path(run_dir).resolve()), client=client, steps=steps, every=every,
             classes=[c for c, held in enumerate(own.tolist()) if held], lr=t.lr, momentum=t.momentum,
             weight_decay=t.weight_decay, batch_size=t.batch_size, augment=cfg.data.augment,
-            overrides=list(overrides or []), model_sha256=summary.get(MODEL_CHECKSUM),
+            overrides=list(overrides or []), model_sha256=summary[FILES][MODEL][SHA256],
         )  # fmt: skip
         write_file(out.path / LOCAL_JSON, (request.model_dump_json(indent=2) + "\n").encode())
 

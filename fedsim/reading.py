@@ -4,7 +4,7 @@ A reader opens only a regular file, without ever blocking on it (a FIFO, a devic
 ``/dev/zero``, a directory, a socket, or a ``/proc`` / ``/sys`` file whose size is unknown in advance
 are refused), reads at most a stated number of bytes (a 50 MB "config" is an error, not a MemoryError),
 and turns what cannot be decoded into one line that names the file and, for the JSON fedsim writes,
-the field (:func:`read_json`, :func:`read_json_lines`: pydantic schemas, whose JSON parser also bounds
+the field (:func:`read_json`, :func:`parse_json_lines`: pydantic schemas, whose JSON parser also bounds
 nesting). YAML goes through :func:`fedsim.config_file.read_yaml`, which reads with :func:`read_text`.
 
 Errors are :class:`~fedsim.errors.FedsimError` subclasses chosen by the caller (``error=``): a config
@@ -81,13 +81,6 @@ def _regular(path: str | Path, what: str, limit: int, error: type[FedsimError]) 
         os.close(fd)
 
 
-def check_file(path: str | Path, what: str, limit: int, error: type[FedsimError] = ConfigError) -> None:
-    """What :func:`read_bytes` checks, without reading: for a reader that streams a large file itself
-    (``torch.load``, ``tarfile``, ``np.load``), which would hang on a FIFO or never end on a device."""
-    with _regular(path, what, limit, error):
-        pass
-
-
 def read_bytes(path: str | Path, what: str, limit: int, error: type[FedsimError] = ConfigError) -> bytes:
     """The whole of the regular file ``path``, at most ``limit`` bytes; anything else is one line naming
     ``what`` the file is, the path and why (missing, not a regular file, larger than ``limit``, unreadable)."""
@@ -156,16 +149,16 @@ def read_json(
     return _validated(read_bytes(path, what, limit, error), schema, f"{what} {path}", error)
 
 
-def read_json_lines(
-    path: str | Path, schema: type[BaseModel], what: str, limit: int = METRICS_BYTES,
-    error: type[FedsimError] = FedsimError, increasing: str | None = None, context: dict[str, Any] | None = None,
+def parse_json_lines(
+    data: bytes, path: str | Path, schema: type[BaseModel], what: str, error: type[FedsimError] = FedsimError,
+    increasing: str | None = None, context: dict[str, Any] | None = None,
 ) -> list[Any]:  # fmt: skip
-    """A JSON Lines file fedsim wrote (blank lines skipped), every line as :func:`read_json` reads a file;
-    ``increasing``: the field (the schema's, an int) that grows from each line to the next, as fedsim writes
-    them (a line repeated or out of order would be drawn and tabulated twice); ``context``: what the schema's
-    validators check each line against."""
+    """``data``, a JSON Lines file fedsim wrote (``path``; blank lines skipped), every line as :func:`read_json`
+    reads a file; ``increasing``: the field (the schema's, an int) that grows from each line to the next, as
+    fedsim writes them (a line repeated or out of order would be drawn and tabulated twice); ``context``: what
+    the schema's validators check each line against."""
     values: list[Any] = []
-    for number, line in enumerate(read_bytes(path, what, limit, error).splitlines(), start=1):
+    for number, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{what} {path}, line {number}"

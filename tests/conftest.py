@@ -149,6 +149,18 @@ def one_line(err: str) -> str:
 def written(**fields: object) -> str:
     """``fields`` as progress.json or summary.json holds them: of this record version, with the checksums it
     records (of no files: a poll shows them unchecked)."""
-    stamp = {"record_version": RECORD_VERSION, "config_sha256": "0" * 64, "metrics_sha256": "0" * 64,
-             "metrics_lines": 1}  # fmt: skip
-    return json.dumps({**fields, **stamp})
+    stamp = {"record_version": RECORD_VERSION, "files": {"metrics.jsonl": {"size": 1, "sha256": "0" * 64}}}
+    return json.dumps({**fields, **{key: value for key, value in stamp.items() if key not in fields}})
+
+
+MODEL_SHA256 = "ab" * 32  # the model.pt of continued_run's summary
+
+
+def continued_run(run_dir: Path) -> Path:
+    """``run_dir`` with the summary.json of a finished run whose model.pt's SHA-256 is :data:`MODEL_SHA256`:
+    what a ``fedsim local`` continuation's local.json in it is checked against (nothing else of the run)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    scores = {"rounds": 1, "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.5, "final_global_acc": 0.5,
+              "summary_sha256": "0" * 64}  # fmt: skip
+    (run_dir / "summary.json").write_text(written(**scores, files={"model.pt": {"size": 1, "sha256": MODEL_SHA256}}))
+    return run_dir

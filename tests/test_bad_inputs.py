@@ -365,7 +365,7 @@ CASES: dict[str, Case] = {
     # a finished run whose metrics were lost: its seed group's curve vanished from accuracy.png in silence
     "report-metrics-missing": Case(
         ("report", "{tmp}", "--out", "{tmp}/out"),
-        ("rd: a finished run of 2 rounds (summary.json)", "metrics.jsonl is empty or missing", "move it out"),
+        ("rd/metrics.jsonl: 0 bytes where the run wrote", "in summary.json's files", "move it out"),
         setup="metrics_missing",
     ),
     "report-target-nan": Case(("report", "{tmp}", "--target", "nan"), ("--target nan", "(0, 1]")),
@@ -404,7 +404,7 @@ CASES: dict[str, Case] = {
     ),  # fmt: skip
     "plot-metrics-empty": Case(
         ("plot", "{tmp}/rd", "--out", "{tmp}/out"),
-        ("rd: a finished run of 2 rounds", "metrics.jsonl is empty or missing"),
+        ("rd/metrics.jsonl: 0 bytes where the run wrote", "in summary.json's files"),
         setup="metrics_empty",
     ),
     # a run's config.yaml that does not validate (another version's layout, an edit) was drawn without a word

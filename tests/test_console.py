@@ -6,12 +6,13 @@ from __future__ import annotations
 from rich.console import Console
 
 from fedsim.console import summary_table
-from fedsim.record.checksums import CHECKSUMS, DATA_FINGERPRINT
 from fedsim.record.layout import RECORD_VERSION, VERSION_KEY
+from fedsim.record.manifest import DATA_FINGERPRINT, FILES, SUMMARY_CHECKSUM
 
 
 def test_the_summary_table_shows_the_numbers_and_none_of_the_checks() -> None:
-    checks = {key: "ab" * 32 for key in (*CHECKSUMS, DATA_FINGERPRINT)} | {VERSION_KEY: RECORD_VERSION}
+    checks = {key: "ab" * 32 for key in (SUMMARY_CHECKSUM, DATA_FINGERPRINT)} | {VERSION_KEY: RECORD_VERSION}
+    checks[FILES] = {"config.yaml": {"size": 12, "sha256": "ab" * 32}}
     console = Console(width=200, record=True)
     console.print(summary_table({"rounds": 7, "final_client_mean_acc": 0.51234, **checks}))
     shown = console.export_text()

@@ -28,8 +28,9 @@ from fedsim.client.app import app as fedsim_client
 from fedsim.data import load_dataset
 from fedsim.data.fingerprint import fingerprint
 from fedsim.errors import DataError
-from fedsim.record.checksums import DATA_FINGERPRINT, digest
+from fedsim.record.checkpoint import PAYLOAD, checkpoint_bytes
 from fedsim.record.layout import CHECKPOINT
+from fedsim.record.manifest import DATA_FINGERPRINT
 from tests.conftest import MNIST_SMALL, small_config, write_config
 from tests.test_data import tree_files, write_tar
 
@@ -202,11 +203,15 @@ def test_resume_refuses_other_data_than_the_run_trained_on(
 
     shutil.copy(MNIST_SMALL, data)
     saved = (run_dir / CHECKPOINT).read_bytes()
-    payload = torch.load(io.BytesIO(saved), weights_only=True)
-    del payload[DATA_FINGERPRINT], payload["sha256"]
-    torch.save({**payload, "sha256": digest(payload)}, run_dir / CHECKPOINT)  # as a fedsim before fingerprints
+    outer = torch.load(io.BytesIO(saved), weights_only=True)
+    payload = torch.load(io.BytesIO(outer[PAYLOAD].numpy().tobytes()), weights_only=True)
+    del payload[DATA_FINGERPRINT]  # a checkpoint without one, its checksums made anew: not a checkpoint fedsim reads
+    (run_dir / CHECKPOINT).write_bytes(checkpoint_bytes(payload))
     assert resume() == 2
-    assert f"{run_dir / CHECKPOINT}: records no fingerprint ({DATA_FINGERPRINT})" in capsys.readouterr().err
+    assert (
+        f"{run_dir / CHECKPOINT}: not a readable fedsim checkpoint (KeyError: '{DATA_FINGERPRINT}')"
+        in capsys.readouterr().err
+    )
 
     (run_dir / CHECKPOINT).write_bytes(saved)
     assert resume() == 0  # the data it began with

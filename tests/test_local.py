@@ -17,9 +17,9 @@ from fedsim.data import load_dataset
 from fedsim.data.fingerprint import fingerprint
 from fedsim.local import local_dir
 from fedsim.names import MAX_NAME, is_name
-from fedsim.record.checksums import DATA_FINGERPRINT, digest, summary_checksum
+from fedsim.record.manifest import DATA_FINGERPRINT, entry_of, summary_checksum
 from fedsim.runner import run
-from tests.conftest import MNIST_SMALL, REPO
+from tests.conftest import MNIST_SMALL, MODEL_SHA256, REPO, continued_run
 from tests.test_data_integrity import relabelled
 from tests.test_reading import make_fifo
 
@@ -162,8 +162,10 @@ def test_another_request_never_replaces_a_continuation(finished_run: Path, capsy
     """A re-run with other --steps wrote over the last one's results in silence."""
     out = local_dir(finished_run, 7)
     out.mkdir()
+    model = json.loads((finished_run / "summary.json").read_text())["files"]["model.pt"]
     request = {"run_dir": str(finished_run), "client": 7, "steps": 5, "every": 1, "classes": [7], "lr": 0.05,
-               "momentum": 0.0, "weight_decay": 0.0, "batch_size": 32, "augment": True, "overrides": []}  # fmt: skip
+               "momentum": 0.0, "weight_decay": 0.0, "batch_size": 32, "augment": True, "overrides": [],
+               "model_sha256": model["sha256"]}  # fmt: skip
     (out / "local.json").write_text(json.dumps(request))
     assert main(["local", str(finished_run), "--client", "7", "--steps", "2"]) == 2
     assert capsys.readouterr().err.strip() == (
@@ -187,13 +189,16 @@ def test_a_continuation_of_another_model_than_its_runs_is_refused(
     assert main(["plot", str(run_dir), "--out", str(tmp_path / "fig")]) == 0  # as it is: drawn
     assert (tmp_path / "fig" / "local.png").is_file()
     capsys.readouterr()
-    summary = {**json.loads((run_dir / "summary.json").read_text()), "model_sha256": "0" * 64}  # another model's
+    state = torch.load(run_dir / "model.pt", weights_only=True)
+    torch.save({k: v + 1 for k, v in state.items()}, run_dir / "model.pt")  # another model, as the run's own
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["files"]["model.pt"] = entry_of((run_dir / "model.pt").read_bytes())
     (run_dir / "summary.json").write_text(json.dumps({**summary, "summary_sha256": summary_checksum(summary)}))
     local = run_dir / "local-1"
     problem = (
         f"fedsim: error: {local}: a continuation of another model than its run's (model_sha256 in local.json is "
-        f"not the one in {run_dir / 'summary.json'}: the run was run again since, or this directory was copied "
-        "from another run's); move or delete it"
+        f"not the model.pt in {run_dir / 'summary.json'}'s files: the run was run again since, or this directory "
+        "was copied from another run's); move or delete it"
     )
     for argv in (["plot", str(run_dir), "--out", str(tmp_path / "fig2")], ["plot", str(local)]):
         assert main(argv) == 2
@@ -208,18 +213,16 @@ def test_a_model_changed_on_disk_is_refused(
     (which torch.load reads without complaint) is one line, before any training."""
     run_dir = tmp_path / "copy"
     shutil.copytree(finished_run, run_dir, ignore=shutil.ignore_patterns("local-*"))
-    state = torch.load(run_dir / "model.pt", weights_only=True)
-    assert json.loads((run_dir / "summary.json").read_text())["model_sha256"] == digest(state)
-    first = next(iter(state))
-    state[first].view(-1)[0] += 1.0
-    torch.save(state, run_dir / "model.pt")
+    data = (run_dir / "model.pt").read_bytes()
+    assert json.loads((run_dir / "summary.json").read_text())["files"]["model.pt"] == entry_of(data)
+    (run_dir / "model.pt").write_bytes(data[:-300] + bytes(b ^ 1 for b in data[-300:-200]) + data[-200:])  # a weight
     assert main(["local", str(run_dir), "--client", "0", "--steps", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "model.pt: its contents do not match the checksum fedsim wrote with them" in err[0]
+    assert len(err) == 1 and "model.pt: not the file the run wrote (its sha256 in summary.json's files" in err[0]
     (run_dir / "model.pt").write_bytes(b"not a model")
     assert main(["local", str(run_dir), "--client", "0", "--steps", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "model.pt: not a readable model" in err[0]
+    assert len(err) == 1 and f"model.pt: 11 bytes where the run wrote {len(data):,}" in err[0]
     assert not list(run_dir.glob("local-*"))
 
 
@@ -234,9 +237,9 @@ def test_a_config_edited_after_the_run_is_refused(
     config.write_text(config.read_text().replace("seed: 0\n", "seed: 1\n", 1))
     assert main(["local", str(run_dir), "--client", "0", "--steps", "2"]) == 2
     assert capsys.readouterr().err == (
-        f"fedsim: error: {run_dir}: config.yaml is not the config the run finished with (config_sha256 in "
-        "summary.json differs; edited after the run, or another run's): restore the whole run directory, or move "
-        "it out of the directories given\n"
+        f"fedsim: error: {run_dir / 'config.yaml'}: not the file the run wrote (its sha256 in summary.json's files "
+        "differs; edited after the run, or another run's): restore the whole run directory, or move it out of the "
+        "directories given\n"
     )
     assert not list(run_dir.glob("local-*"))
 
@@ -306,6 +309,7 @@ def test_a_summary_fedsim_did_not_write_is_one_line_unread(tmp_path: Path, capsy
 LOCAL_REQUEST = {
     "run_dir": "/runs/quickstart", "client": 3, "steps": 4, "every": 2, "classes": [3], "lr": 0.05,
     "momentum": 0.0, "weight_decay": 0.0, "batch_size": 32, "augment": False, "overrides": [],
+    "model_sha256": MODEL_SHA256,
 }  # fmt: skip
 
 
@@ -324,7 +328,7 @@ def test_plot_of_a_continuation_fedsim_did_not_write_is_one_line(
 ) -> None:
     """``fedsim plot`` reads local.json through fedsim.reading (it was json.loads: a traceback), before any
     figure is drawn."""
-    local = tmp_path / "local-3"
+    local = continued_run(tmp_path) / "local-3"
     local.mkdir()
     (local / ".fedsim").write_text("local continuation\n")
     (local / "metrics.jsonl").write_text('{"step": 0, "own_class_acc": 0.5, "other_class_acc": 0.1}\n')

@@ -15,9 +15,8 @@ import pytest
 
 from fedsim.cli import main
 from fedsim.config_file import parse_config
-from fedsim.record.checksums import CONFIG_CHECKSUM, config_checksum, config_tree
 from fedsim.record.writer import RunDir
-from tests.conftest import small_config, write_config, written
+from tests.conftest import MODEL_SHA256, continued_run, small_config, write_config, written
 
 
 def one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -138,7 +137,7 @@ def finished_run(root: Path, name: str = "r", **sections: object) -> Path:
     out.write_config(cfg)
     for line in METRICS:
         out.append_metrics(line)
-    out.write_summary({**SUMMARY, CONFIG_CHECKSUM: config_checksum(config_tree(cfg))})
+    out.write_summary(SUMMARY)
     return run_dir
 
 
@@ -230,7 +229,7 @@ def test_every_reader_of_metrics_refuses_a_line_fedsim_would_not_write(
     # its summary as a fedsim before checksums wrote it, upgraded over the lines rewritten here (which it then
     # vouches for): the lines rewritten below are read for their form
     summary = json.loads((run_dir / "summary.json").read_text())
-    kept = {k: v for k, v in summary.items() if "_sha256" not in k and k not in ("metrics_lines", "record_version")}
+    kept = {k: v for k, v in summary.items() if k not in ("files", "summary_sha256", "record_version")}
     (run_dir / "summary.json").write_text(json.dumps(kept))
     own = '{"round": 3, "client_acc": [0.5, null], "failed_clients": {"2": [1, 3]}, "isometry": {"fc": 1}}'
     metrics = rewrite_metrics(run_dir, own, json.dumps(METRICS[-1]))  # a line of another form fedsim writes
@@ -250,14 +249,14 @@ def test_a_local_continuations_step_beyond_its_steps_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """fedsim local's metrics end at its --steps (local.json): a step beyond it is no line it wrote."""
-    local = tmp_path / "local-0"
+    local = continued_run(tmp_path / "run") / "local-0"
     local.mkdir()
     request = {"run_dir": "r", "client": 0, "steps": 40, "every": 10, "classes": [0], "lr": 0.1, "momentum": 0.0,
-               "weight_decay": 0.0, "batch_size": 4, "augment": False}  # fmt: skip
+               "weight_decay": 0.0, "batch_size": 4, "augment": False, "model_sha256": MODEL_SHA256}  # fmt: skip
     (local / "local.json").write_text(json.dumps(request))
     line = '{"step": %d, "own_class_acc": 0.5, "other_class_acc": 0.1}\n'
     (local / "metrics.jsonl").write_text(line % 0 + line % 50)
-    assert one_line(["plot", str(tmp_path), "--out", str(tmp_path / "plots")], capsys) == (
+    assert one_line(["plot", str(local), "--out", str(tmp_path / "plots")], capsys) == (
         f"metrics {local / 'metrics.jsonl'}, line 2: not readable as the JSON fedsim writes "
         "(step: step 50 is beyond the run's 40 steps (got 50))"
     )

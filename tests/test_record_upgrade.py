@@ -57,7 +57,7 @@ def test_an_older_record_is_refused_naming_the_upgrade_then_read_as_it_was(
         f"({RECORD_VERSION}): upgrade it with `fedsim record upgrade {run_dir}`\n"
     )
     assert main(["record", "upgrade", str(tmp_path)]) == 0  # a directory holding runs: each upgraded
-    assert capsys.readouterr().out == f"{run_dir}: summary.json upgraded from record version 0 to {RECORD_VERSION}\n"
+    assert capsys.readouterr().out == f"{run_dir}: summary.json upgraded to record version {RECORD_VERSION}\n"
     summary = json.loads((run_dir / "summary.json").read_text())
     own = json.loads((finished / "summary.json").read_text())
     assert summary == own  # every checksum the run recorded, its numbers untouched
@@ -71,7 +71,7 @@ def test_an_older_record_that_its_files_disagree_with_is_left_as_it_was(finished
     summary = {k: v for k, v in json.loads(path.read_text()).items() if k != "record_version"}
     path.write_text(json.dumps({**summary, "final_client_mean_acc": 0.99}))  # edited after the run
     before = path.read_bytes()
-    with pytest.raises(FedsimError, match="summary.json is not the summary the run wrote"):
+    with pytest.raises(FedsimError, match="summary.json is not the file the run wrote .summary_sha256 in summary"):
         upgrade_run(run_dir)
     assert path.read_bytes() == before
     older_run = older(finished, tmp_path / "older")

@@ -23,7 +23,7 @@ from fedsim.client.state import load_client_state, save_client_state
 from fedsim.config_file import parse_config
 from fedsim.errors import FedsimError, TrainingError
 from fedsim.record.checkpoint import Checkpoint, resume_config
-from fedsim.record.layout import CHECKPOINT
+from fedsim.record.layout import CHECKPOINT, RECORD_VERSION
 from fedsim.record.run import read_run
 from fedsim.runner import run
 from fedsim.server.reporter import RoundReporter
@@ -101,8 +101,9 @@ def check_resume(tmp_path: Path, stateful: bool, every: int = 4, **sections: Any
     assert [m["round"] for m in expected] == list(range(2, 11, 2))
     summary = json.loads((killed_dir / "summary.json").read_text())
     assert summary["resumed_from_round"] == at
-    # the resumed run's checksum covers the lines it kept and wrote, not the killed run's past its checkpoint
-    assert summary["metrics_lines"] == len(read_run(killed_dir)["metrics"]) == len(expected)
+    # the resumed run's manifest lists the lines it kept and wrote, not the killed run's past its checkpoint
+    assert summary["files"]["metrics.jsonl"]["size"] == len((killed_dir / "metrics.jsonl").read_bytes())
+    assert len(read_run(killed_dir)["metrics"]) == len(expected)
     assert summary["final_client_mean_acc"] == whole["final_client_mean_acc"]
     final, reference = torch.load(killed_dir / "model.pt"), torch.load(Path(whole["run_dir"]) / "model.pt")
     assert all(torch.equal(final[k], reference[k]) for k in reference)
@@ -312,11 +313,14 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path: Path, capsys: pytest.C
     (done / CHECKPOINT).write_bytes(saved[:middle] + bytes(b ^ 0xFF for b in saved[middle : middle + 256])
                                     + saved[middle + 256 :])  # fmt: skip
     changed = error("--resume", str(done))
-    assert "checkpoint.pt: its contents do not match the checksum fedsim wrote with them" in changed
-    unchecked = torch.load(io.BytesIO(saved), weights_only=True)
-    del unchecked["sha256"]  # as an older fedsim wrote it, or anything else
-    torch.save(unchecked, done / CHECKPOINT)
-    assert "checkpoint.pt: no checksum to check it against" in error("--resume", str(done))
+    assert "checkpoint.pt: not the file the run wrote (its sha256 in checkpoint.pt differs" in changed
+    unversioned = torch.load(io.BytesIO(saved), weights_only=True)
+    del unversioned["record_version"]  # as an older fedsim wrote it, or anything else
+    torch.save(unversioned, done / CHECKPOINT)
+    assert (
+        f"checkpoint.pt: a run record of version 0, older than this fedsim's ({RECORD_VERSION}): upgrade it with "
+        f"`fedsim record upgrade {done}`" in error("--resume", str(done))
+    )
     (done / CHECKPOINT).write_bytes(saved)
     before = metrics(done)
     assert main(["run", "--resume", str(done)]) == 0  # its checkpoint is the last round: it only finishes

@@ -19,8 +19,8 @@ import torch
 
 from fedsim.cli import main
 from fedsim.config_file import parse_config
-from fedsim.record.checkpoint import CHECKSUM, CLIENT_STATE_RECORD, Checkpoint
-from fedsim.record.checksums import digest
+from fedsim.digest import digest
+from fedsim.record.checkpoint import CLIENT_STATE_RECORD, PAYLOAD, Checkpoint
 from fedsim.record.layout import CHECKPOINT, CLIENT_STATE
 from fedsim.runner import run
 from tests.conftest import small_config
@@ -111,40 +111,43 @@ def test_resume_refuses_client_state_missing_another_runs_or_another_rounds(
         assert json.loads((runs[case] / "summary.json").read_text())["resumed_from_round"] == STOP
 
 
-def without_record(run_dir: Path) -> None:
-    """``checkpoint.pt`` as a fedsim before client-state records wrote it (its checksum made anew)."""
-    payload = torch.load(run_dir / CHECKPOINT, weights_only=True)
-    del payload[CLIENT_STATE_RECORD], payload[CHECKSUM]
-    payload[CHECKSUM] = digest(payload)
+def as_version_1(run_dir: Path, *dropped: str) -> None:
+    """``checkpoint.pt`` as record version 1 wrote it (its fields and their digest, no record version), without
+    the fields ``dropped`` (as a fedsim before them wrote it)."""
+    outer = torch.load(run_dir / CHECKPOINT, weights_only=True)
+    payload = torch.load(io.BytesIO(outer[PAYLOAD].numpy().tobytes()), weights_only=True)
+    for key in dropped:
+        del payload[key]
     buffer = io.BytesIO()
-    torch.save(payload, buffer)
+    torch.save({**payload, "sha256": digest(payload)}, buffer)
     (run_dir / CHECKPOINT).write_bytes(buffer.getvalue())
 
 
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.slow
-def test_a_checkpoint_without_the_record_resumes_without_client_state_and_refuses_what_it_cannot_check(
+def test_an_older_checkpoint_is_upgraded_and_resumes_and_one_without_the_record_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """An older checkpoint: a run whose clients keep no state (FedAvg, FedYogi: server state only) resumes as
-    before; one whose state files cannot be checked against anything is refused, not trusted."""
-    fedavg = config(tmp_path, "fedavg", {})
-    expected = metrics(Path(run(parse_config({**fedavg, "output": small_config(tmp_path)["output"]}))["run_dir"]))
-    stateless = stopped(fedavg, monkeypatch)
-    assert Checkpoint.load(stateless).client_state == {}  # recorded: no partition has state
-    without_record(stateless)
-    assert Checkpoint.load(stateless).client_state is None
-    assert resume(stateless, capsys)[0] == 0 and metrics(stateless) == expected
+    """An older checkpoint is refused by a resume, naming the upgrade; upgraded, it resumes to the
+    uninterrupted run's numbers (SCAFFOLD: its clients' state checked against the record it kept). One without
+    the record of its clients' state cannot be checked against anything: the upgrade refuses it, not trusted."""
+    scaffold = config(tmp_path, "scaffold", STATEFUL["scaffold"])
+    expected = metrics(Path(run(parse_config({**scaffold, "output": small_config(tmp_path)["output"]}))["run_dir"]))
+    older = stopped(scaffold, monkeypatch)
+    as_version_1(older)
+    rc, err = resume(older, capsys)
+    assert rc == 2 and "a run record of version 0, older than this fedsim's" in err
+    assert main(["record", "upgrade", str(older)]) == 0 and "checkpoint.pt upgraded" in capsys.readouterr().out
+    assert Checkpoint.load(older).round == STOP and len(Checkpoint.load(older).client_state) == 4
+    assert resume(older, capsys)[0] == 0 and metrics(older) == expected
 
-    scaffold = stopped(config(tmp_path, "scaffold", STATEFUL["scaffold"]), monkeypatch)
-    without_record(scaffold)
-    rc, err = resume(scaffold, capsys)
-    files = "; ".join(f"partition {p}: {state_file(scaffold, p)}" for p in range(4))
-    assert (rc, err) == (
-        2,
-        f"fedsim: error: {scaffold}: cannot resume: its checkpoint.pt was written by a fedsim that did not record "
-        f"its clients' state, so these state files cannot be checked against it: {files}; run the experiment again\n",
-    )
+    unrecorded = stopped(config(tmp_path, "unrecorded", STATEFUL["scaffold"]), monkeypatch)
+    as_version_1(unrecorded, CLIENT_STATE_RECORD)
+    before = (unrecorded / CHECKPOINT).read_bytes()
+    assert main(["record", "upgrade", str(unrecorded)]) == 2
+    err = capsys.readouterr().err
+    assert f"{unrecorded / CHECKPOINT}: written by a fedsim before it recorded client_state" in err, err
+    assert (unrecorded / CHECKPOINT).read_bytes() == before  # left as it was
 
 
 @pytest.mark.usefixtures("one_thread")

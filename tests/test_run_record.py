@@ -21,7 +21,7 @@ from fedsim.cli import main
 from fedsim.config import THREADS_PER_CPU
 from fedsim.config_file import parse_config
 from fedsim.errors import FedsimError
-from fedsim.record.checksums import MetricsChecksum, summary_checksum
+from fedsim.record.manifest import entry_of, summary_checksum
 from fedsim.record.run import read_run
 from fedsim.runner import run
 from tests.conftest import small_config
@@ -55,7 +55,7 @@ def edit_json(path: Path, **fields: object) -> None:
 def older_summary(path: Path, *keys: str, **fields: object) -> None:
     """``path`` (a summary.json) as a fedsim before ``keys``, before summaries' own checksum and before record
     versions wrote it, with ``fields``."""
-    summary = {k: v for k, v in json.loads(path.read_text()).items() if k not in (*keys, "summary_sha256")}
+    summary = {k: v for k, v in json.loads(path.read_text()).items() if k not in (*keys, "files", "summary_sha256")}
     path.write_text(json.dumps({**{k: v for k, v in summary.items() if k != "record_version"}, **fields}))
 
 
@@ -66,6 +66,15 @@ def upgraded(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
         warnings.simplefilter("ignore")
         assert main(["record", "upgrade", str(run_dir)]) == 0
     capsys.readouterr()
+
+
+def progress_of(run_dir: Path, last_round: int, count: int) -> None:
+    """``run_dir``'s progress.json as the run wrote it after round ``last_round``, listing the first ``count``
+    lines of its metrics.jsonl as they are now."""
+    covered = b"".join((run_dir / "metrics.jsonl").read_bytes().splitlines(keepends=True)[:count])
+    progress = json.loads((run_dir / "progress.json").read_text())
+    progress["files"]["metrics.jsonl"] = entry_of(covered)
+    (run_dir / "progress.json").write_text(json.dumps({**progress, "round": last_round}))
 
 
 def forged_summary(path: Path, **fields: object) -> None:
@@ -98,28 +107,28 @@ def copy_reseeded(runs: Path) -> None:
 BROKEN: dict[str, tuple[Callable[[Path], None], str, str]] = {
     "last-line-cut": (
         lambda runs: write_lines(runs / "seed0", lines(runs / "seed0")[:-1]),
-        "seed0",
-        ": metrics.jsonl has 2 lines where the run wrote 3 (metrics_lines in summary.json; lines lost or added",
+        "seed0/metrics.jsonl",
+        " bytes where the run wrote ",
     ),
     "middle-line-lost": (
         lambda runs: write_lines(runs / "seed0", [line for line in lines(runs / "seed0") if line["round"] != 2]),
-        "seed0",
-        ": metrics.jsonl has 2 lines where the run wrote 3 (metrics_lines in summary.json; lines lost or added",
+        "seed0/metrics.jsonl",
+        " bytes where the run wrote ",
     ),
     "line-of-another-run": (
         lambda runs: write_lines(
             runs / "seed0", [lines(runs / "seed1")[1] if line["round"] == 4 else line for line in lines(runs / "seed0")]
         ),
-        "seed0",
-        ": metrics.jsonl's lines are not the ones the run wrote (metrics_sha256 in summary.json differs; edited",
+        "seed0/metrics.jsonl",
+        " in summary.json's files",
     ),
     "client-accuracy-edited": (
         lambda runs: write_lines(
             runs / "seed1",
             [{**line, "client_acc": [0.9] * 4} if line["round"] == 2 else line for line in lines(runs / "seed1")],
         ),
-        "seed1",
-        ": metrics.jsonl's lines are not the ones the run wrote (metrics_sha256 in summary.json differs; edited",
+        "seed1/metrics.jsonl",
+        " in summary.json's files",
     ),
     "round-renumbered": (
         lambda runs: write_lines(
@@ -152,13 +161,13 @@ BROKEN: dict[str, tuple[Callable[[Path], None], str, str]] = {
     ),
     "config-lr-edited": (
         lambda runs: edit_config(runs / "seed1", "train", "lr", 0.1),
-        "seed1",
-        ": config.yaml is not the config the run finished with (config_sha256 in summary.json differs",
+        "seed1/config.yaml",
+        " in summary.json's files",
     ),
     "copy-reseeded": (
         copy_reseeded,
-        "seed2",
-        ": config.yaml is not the config the run finished with (config_sha256 in summary.json differs",
+        "seed2/config.yaml",
+        " in summary.json's files",
     ),
     "config-missing": (
         lambda runs: (runs / "seed1" / "config.yaml").unlink(),
@@ -167,18 +176,18 @@ BROKEN: dict[str, tuple[Callable[[Path], None], str, str]] = {
     ),
     "partition-of-another-run": (
         lambda runs: shutil.copy(runs / "seed1" / "partition.csv", runs / "seed0" / "partition.csv"),
-        "seed0",
-        ": partition.csv is not the partition the run trained on (partition_sha256 in summary.json differs",
+        "seed0/partition.csv",
+        " in summary.json's files",
     ),
     "partition-count-edited": (
         lambda runs: edit_partition(runs / "seed1", lambda rows: rows[1].__setitem__(2, str(int(rows[1][2]) + 1))),
-        "seed1",
-        ": partition.csv is not the partition the run trained on (partition_sha256 in summary.json differs",
+        "seed1/partition.csv",
+        ": not the file the run wrote (its sha256 in summary.json's files differs",
     ),
     "partition-client-missing": (
         lambda runs: edit_partition(runs / "seed0", lambda rows: rows.pop()),
         "seed0/partition.csv",
-        ": rows per split {'train': 4, 'test': 3}, where the run's config.yaml has 4 clients (train.num_clients)",
+        " bytes where the run wrote ",
     ),
     "config-of-another-layout": (
         lambda runs: edit_config(runs / "seed1", None, "evaluation", {"every": 2}),
@@ -209,17 +218,23 @@ def test_report_plot_and_the_api_refuse_a_run_whose_files_disagree(
     assert not (tmp_path / "rep").exists() and not (tmp_path / "fig").exists()
 
 
-def test_an_edit_of_what_does_not_change_learning_still_reads(
+def test_a_run_of_a_larger_machine_is_read_and_any_edit_of_its_config_refused(
     finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The checksum covers what a run learns from: a run renamed, or given other threads (what resume may change
-    too), is the same run; and a run made on a larger machine, with more threads than this one allows a run, is
-    read here (it runs nowhere here)."""
+    """A run made on a larger machine, with more threads than this one allows a run, is read here (it runs
+    nowhere here); its config.yaml's bytes are in the manifest, so an edit even of what it does not learn from
+    (its name) is refused: a run is renamed by its directory."""
     runs = tmp_path / "runs"
     shutil.copytree(finished, runs)
-    edit_config(runs / "seed0", None, "name", "renamed")
     edit_config(runs / "seed1", "simulation", "threads", THREADS_PER_CPU * (os.cpu_count() or 1) + 1)
-    assert main(["report", str(runs), "--out", str(tmp_path / "rep")]) == 0
+    summary = json.loads((runs / "seed1" / "summary.json").read_text())
+    summary["files"]["config.yaml"] = entry_of((runs / "seed1" / "config.yaml").read_bytes())
+    forged_summary(runs / "seed1" / "summary.json", files=summary["files"])  # as that machine's run wrote it
+    edit_config(runs / "seed0", None, "name", "renamed")
+    assert main(["report", str(runs), "--out", str(tmp_path / "refused")]) == 2
+    assert f"{runs / 'seed0' / 'config.yaml'}: " in capsys.readouterr().err
+    edit_config(runs / "seed0", None, "name", "t")
+    assert main(["report", str(runs), "--out", str(tmp_path / "rep")]) == 0, capsys.readouterr().err
     assert [row["seeds"] for row in csv.DictReader(open(tmp_path / "rep" / "results.csv"))] == ["2"]
     assert capsys.readouterr().err == ""
 
@@ -233,7 +248,7 @@ def test_an_evaluation_lost_before_the_last_is_said_and_the_rest_read(
     skip. (A run with the checksum is refused: "middle-line-lost".)"""
     runs = tmp_path / "runs"
     shutil.copytree(finished, runs)
-    older_summary(runs / "seed0" / "summary.json", "metrics_sha256", "metrics_lines")
+    older_summary(runs / "seed0" / "summary.json")
     kept = [line for line in lines(runs / "seed0") if line["round"] != 2]
     write_lines(runs / "seed0", kept)
     upgraded(runs / "seed0", capsys)  # its lines as they are now, checksummed once
@@ -246,12 +261,14 @@ def test_an_evaluation_lost_before_the_last_is_said_and_the_rest_read(
     assert list(Run(runs / "seed0").metrics["round"]) == [4, 5]
 
 
-def test_a_finished_run_records_its_configs_and_partitions_checksums(finished: Path) -> None:
+def test_a_finished_run_lists_its_files_by_size_and_sha256(finished: Path) -> None:
     summary = json.loads((finished / "seed0" / "summary.json").read_text())
     other = json.loads((finished / "seed1" / "summary.json").read_text())
-    for key in ("config_sha256", "partition_sha256", "metrics_sha256", "summary_sha256"):
-        assert len(summary[key]) == 64 and summary[key] != other[key]  # the seed draws another partition too
-    assert summary["metrics_lines"] == len(lines(finished / "seed0")) == 3
+    assert set(summary["files"]) >= {"config.yaml", "partition.csv", "metrics.jsonl"}
+    for name, entry in summary["files"].items():
+        assert entry == entry_of((finished / "seed0" / name).read_bytes())
+        assert entry != other["files"][name]  # the seed draws another partition too
+    assert summary["summary_sha256"] == summary_checksum(summary) != other["summary_sha256"]
 
 
 def test_a_run_of_a_fedsim_before_partition_checksums_is_read(
@@ -273,7 +290,7 @@ def test_a_run_of_an_earlier_fedsim_is_read_after_a_config_key_is_added(
 ) -> None:
     """The checksum is of config.yaml's own keys: a run made before a key existed (its config.yaml without it,
     its summary's checksum of that file) is read by a fedsim that has the key, with its default."""
-    from fedsim.record.checksums import config_checksum
+    from fedsim.record.legacy import config_checksum
 
     runs = tmp_path / "runs"
     shutil.copytree(finished, runs)
@@ -372,8 +389,7 @@ def test_seeds_that_share_no_evaluated_round_are_said_not_dropped(
     write_lines(runs / "seed1", lines(runs / "seed1")[:1])
     for seed in (0, 1):
         (runs / f"seed{seed}" / "summary.json").unlink()
-        edit_json(runs / f"seed{seed}" / "progress.json", metrics_sha256=None, metrics_lines=None,
-                  record_version=None)  # a fedsim before metrics checksums and record versions
+        edit_json(runs / f"seed{seed}" / "progress.json", files=None, record_version=None)  # a fedsim before them
         upgraded(runs / f"seed{seed}", capsys)
     assert main(["plot", str(runs), "--mean-over-seeds", "--out", str(tmp_path / "fig")]) == 0
     assert "fedsim: skipped runs in accuracy.png: its 2 seeds have no evaluated round in common\n" in (
@@ -418,24 +434,21 @@ def test_an_unfinished_runs_config_edited_since_is_refused(
     finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A stopped run (no summary.json) whose config.yaml was edited since (train.lr) was drawn and read back
-    under the edited value, which --resume refuses: progress.json records the checksum of the config the run
-    ran, so plot and the API refuse it too; a renamed run (not what it learns) is still drawn."""
+    under the edited value, which --resume refuses: progress.json lists the config the run ran, so plot and the
+    API refuse it too."""
     run_dir = tmp_path / "runs" / "stopped"
     shutil.copytree(finished / "seed0", run_dir)
     (run_dir / "summary.json").unlink()
-    assert len(json.loads((run_dir / "progress.json").read_text())["config_sha256"]) == 64
-    edit_config(run_dir, None, "name", "renamed")
-    assert main(["plot", str(run_dir), "--out", str(tmp_path / "renamed")]) == 0
+    config = (run_dir / "config.yaml").read_bytes()
+    assert json.loads((run_dir / "progress.json").read_text())["files"]["config.yaml"] == entry_of(config)
+    assert main(["plot", str(run_dir), "--out", str(tmp_path / "intact")]) == 0
     capsys.readouterr()
     edit_config(run_dir, "train", "lr", 0.2)
-    problem = (
-        f"{run_dir}: config.yaml is not the config the run ran (config_sha256 in progress.json differs; edited after "
-        "the run, or another run's)"
-    )
+    problem = f"{run_dir / 'config.yaml'}: 1,258 bytes where the run wrote 1,259 (its size in progress.json's files"
     assert main(["plot", str(run_dir), "--out", str(tmp_path / "fig")]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and problem in err, err
-    with pytest.raises(FedsimError, match="config_sha256 in progress.json differs"):
+    with pytest.raises(FedsimError, match="its size in progress.json's files"):
         _ = Run(run_dir).config
     assert not (tmp_path / "fig").exists()
 
@@ -451,23 +464,23 @@ def test_an_unfinished_runs_metrics_are_checked_as_far_as_progress_covers_them(
     shutil.copytree(finished / "seed0", run_dir)
     (run_dir / "summary.json").unlink()
     progress = json.loads((run_dir / "progress.json").read_text())
-    assert progress["metrics_lines"] == 3 and len(progress["metrics_sha256"]) == 64
+    assert progress["files"]["metrics.jsonl"] == entry_of((run_dir / "metrics.jsonl").read_bytes())
     own = lines(run_dir)
     # as the run left it when stopped after round 5's line, before its progress.json of round 5
-    edit_json(run_dir / "progress.json", round=4, metrics_lines=2, metrics_sha256=MetricsChecksum(own[:2]).sha256)
+    progress_of(run_dir, 4, 2)
     assert [line["round"] for line in read_run(run_dir)["metrics"]] == [2, 4, 5]  # the line after progress.json
     write_lines(run_dir, own[:1])
-    with pytest.raises(FedsimError, match="has 1 line .to round 2. where the run had written 2 by round 4 "):
+    with pytest.raises(FedsimError, match="metrics.jsonl: .* bytes where the run wrote .* in progress.json's files"):
         read_run(run_dir)
-    edit_json(run_dir / "progress.json", round=2, metrics_lines=1, metrics_sha256=MetricsChecksum(own[:1]).sha256)
-    write_lines(run_dir, own)  # two lines past round 2: the run wrote one at most before it stopped
-    with pytest.raises(FedsimError, match="has 3 lines .to round 5. where the run had written 1 by round 2 "):
+    write_lines(run_dir, own)
+    progress_of(run_dir, 2, 1)  # two lines past round 2: the run wrote one at most before it stopped
+    with pytest.raises(FedsimError, match="metrics.jsonl: .* bytes where the run wrote .* in progress.json's files"):
         read_run(run_dir)
-    edit_json(run_dir / "progress.json", round=4, metrics_lines=2, metrics_sha256=MetricsChecksum(own[:2]).sha256)
+    progress_of(run_dir, 4, 2)
     write_lines(run_dir, [own[0], lines(finished / "seed1")[1], own[2]])
     assert main(["plot", str(run_dir), "--out", str(tmp_path / "fig")]) == 2
     err = capsys.readouterr().err
-    assert "metrics.jsonl's lines are not the ones the run wrote (metrics_sha256 in progress.json differs" in err, err
+    assert "metrics.jsonl: " in err and " in progress.json's files" in err, err
     write_lines(run_dir, [own[0], own[1], lines(finished / "seed1")[2]])  # past what progress.json covers
     assert read_run(run_dir)["metrics"][2] == lines(finished / "seed1")[2] != own[2]
 
@@ -494,7 +507,7 @@ def test_a_resume_that_fails_leaves_the_stopped_runs_lines_held_to_its_checkpoin
     run(parse_config(small_config(tmp_path, seed=1, output={"run_dir": str(other)})))
     shutil.copy(run_dir / "partition.csv", tmp_path / "partition.csv")
     shutil.copy(other / "partition.csv", run_dir / "partition.csv")
-    with pytest.raises(FedsimError, match="partition_sha256 in progress.json differs"):
+    with pytest.raises(FedsimError, match="partition.csv: .* in progress.json's files"):
         read_run(run_dir)
     shutil.copy(tmp_path / "partition.csv", run_dir / "partition.csv")
 
@@ -530,15 +543,13 @@ def test_a_run_that_moves_on_while_it_is_read_is_read_again(
     shutil.copytree(finished / "seed0", run_dir)
     (run_dir / "summary.json").unlink()
     now = (run_dir / "progress.json").read_text()
-    edit_json(
-        run_dir / "progress.json", round=2, metrics_lines=1, metrics_sha256=MetricsChecksum(lines(run_dir)[:1]).sha256
-    )
-    read = fedsim.record.reader.read_metrics
+    progress_of(run_dir, 2, 1)
+    read = fedsim.record.reader.metrics_bytes
 
     def moving_on(*args: object, **kwargs: object) -> object:
         metrics = read(*args, **kwargs)
         (run_dir / "progress.json").write_text(now)  # the run's progress.json of round 5, written meanwhile
         return metrics
 
-    monkeypatch.setattr(fedsim.record.run, "read_metrics", moving_on)
+    monkeypatch.setattr(fedsim.record.run, "metrics_bytes", moving_on)
     assert [line["round"] for line in read_run(run_dir)["metrics"]] == [2, 4, 5]

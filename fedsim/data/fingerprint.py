@@ -15,9 +15,10 @@ import dataclasses
 from pathlib import Path
 
 from fedsim.data.base import ArrayDataset
+from fedsim.digest import digest
 from fedsim.errors import DataError
 from fedsim.paths import package_path
-from fedsim.record.checksums import DATA_FINGERPRINT, digest
+from fedsim.record.manifest import DATA_FINGERPRINT
 
 
 def fingerprint(dataset: ArrayDataset) -> str:

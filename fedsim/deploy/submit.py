@@ -39,8 +39,8 @@ from fedsim import wire
 from fedsim.deploy.topology import CONNECTION
 from fedsim.errors import FedsimError
 from fedsim.files import remove
-from fedsim.record.checksums import CHECKS
 from fedsim.record.layout import PROGRESS, SUMMARY
+from fedsim.record.manifest import CHECKS
 from fedsim.record.reader import read_metrics, read_progress, read_summary
 
 POLL_S = 2.0

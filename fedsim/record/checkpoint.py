@@ -1,8 +1,9 @@
 """``checkpoint.pt``: the server's side of a run after a round (:class:`Checkpoint`), written every
 ``output.checkpoint_every`` rounds by :class:`fedsim.server.checkpoint.Checkpointer` through the record's one
-atomic write (fsynced before its rename, which commits the round), with the digest of its payload
-(:func:`fedsim.record.checksums.digest`) beside its fields: a file changed on disk is never resumed. It records
-the SHA-256 of each node's state file (:mod:`fedsim.client.state`), which a resume checks
+atomic write (fsynced before its rename, which commits the round). The file holds its record version and its
+payload (the fields, as ``torch.save`` writes them) with the payload's entry (size and SHA-256,
+:mod:`fedsim.record.manifest`): a file changed on disk is never resumed. It records the SHA-256 of each node's
+state file (:mod:`fedsim.client.state`), which a resume checks
 (:mod:`fedsim.server.client_states`). :func:`resume_config` says whether a run directory can resume, and with
 what config."""
 
@@ -20,13 +21,15 @@ from fedsim.arrays import array_view, to_array_record
 from fedsim.config import NOT_LEARNING, RunConfig, flatten
 from fedsim.config_file import read_run_config
 from fedsim.errors import ConfigError, FedsimError
-from fedsim.record.checksums import DATA_FINGERPRINT, digest, verify
-from fedsim.record.layout import CHECKPOINT, CONFIG, SUMMARY
+from fedsim.files import write_file
+from fedsim.record.layout import CHECKPOINT, CONFIG, RECORD_VERSION, SUMMARY, VERSION_KEY
+from fedsim.record.manifest import DATA_FINGERPRINT, check_entry, entry_of
 from fedsim.record.paths import check_run_links, resolved
-from fedsim.record.reader import read_torch
-from fedsim.record.writer import write_torch
+from fedsim.record.reader import check_version, load_torch, read_torch_bytes
+from fedsim.record.writer import torch_bytes
 
-CHECKSUM = "sha256"  # the payload's digest (fedsim.record.checksums), stored beside its fields
+PAYLOAD = "payload"  # the fields, torch.save's bytes as a uint8 tensor, beside their size and SHA-256
+WHAT = "fedsim checkpoint"
 CLIENT_STATE_RECORD = "client_state"  # partition -> SHA-256 of its state file (fedsim.server.client_states)
 StateRecord = dict[int, str]  # partition -> SHA-256 of its state file of the checkpoint's round
 
@@ -35,13 +38,19 @@ def _tensors(record: ArrayRecord) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(array_view(a).copy()) for k, a in record.items()}
 
 
-def _state_record(value: object) -> StateRecord | None:
-    """The record of clients' state as read back (None: a checkpoint written before records)."""
-    if value is None:
-        return None
+def _state_record(value: object) -> StateRecord:
+    """The record of clients' state as read back."""
     if not isinstance(value, dict):
         raise TypeError(f"{CLIENT_STATE_RECORD} is a {type(value).__name__}, not a mapping")
     return {int(pid): str(sha256) for pid, sha256 in value.items()}
+
+
+def checkpoint_bytes(fields: dict[str, Any]) -> bytes:
+    """``checkpoint.pt`` of ``fields`` (a checkpoint's payload): the record version, and the fields as
+    ``torch.save``'s bytes with their entry."""
+    data = torch_bytes(fields)
+    return torch_bytes({VERSION_KEY: RECORD_VERSION, **entry_of(data),
+                        PAYLOAD: torch.frombuffer(bytearray(data), dtype=torch.uint8)})  # fmt: skip
 
 
 @dataclass
@@ -54,9 +63,9 @@ class Checkpoint:
     metrics: list[dict[str, Any]]  # metrics.jsonl up to this round
     elapsed_s: float  # run time up to this round (time_s goes on from here)
     run_key: str  # the clients' state subdirectory
-    client_state: StateRecord | None  # the SHA-256 of each partition's state file; None if written before them
+    client_state: StateRecord  # the SHA-256 of each partition's state file
     config: str  # the RunConfig as JSON: a resume must not run another experiment
-    data_sha256: str | None  # the data's fingerprint (fedsim.data.fingerprint), None if written before them
+    data_sha256: str  # the data's fingerprint (fedsim.data.fingerprint)
     rng: dict[str, Any]
     # partitions left out (on_client_failure: skip) since the last metrics line, which the next one lists
     failed: dict[int, list[int]] = field(default_factory=dict)
@@ -75,8 +84,7 @@ class Checkpoint:
             "rng": self.rng,
             "failed": json.dumps(self.failed),
         }
-        payload[CHECKSUM] = digest(payload)  # verified on load: a file changed on disk is never resumed
-        write_torch(run_dir / CHECKPOINT, payload, fsync=True)
+        write_file(run_dir / CHECKPOINT, checkpoint_bytes(payload), fsync=True)
 
     @classmethod
     def load(cls, run_dir: Path, cfg: RunConfig | None = None) -> Checkpoint:
@@ -84,12 +92,19 @@ class Checkpoint:
         it trained on is the resume's to check: :func:`fedsim.data.fingerprint.check_same_data`)."""
         path = run_dir / CHECKPOINT
         try:
-            p = read_torch(path, "fedsim checkpoint")
+            outer = load_torch(path, read_torch_bytes(path, WHAT), WHAT)
         except FileNotFoundError as err:
             raise FedsimError(f"{run_dir}: no {CHECKPOINT} to resume from") from err
-        if not isinstance(p, dict):
-            raise FedsimError(f"{path}: not a fedsim checkpoint (a {type(p).__name__}, not a mapping)")
-        verify(path, {k: v for k, v in p.items() if k != CHECKSUM}, p.get(CHECKSUM))
+        if not isinstance(outer, dict):
+            raise FedsimError(f"{path}: not a {WHAT} (a {type(outer).__name__}, not a mapping)")
+        check_version(path, outer)
+        payload = outer.get(PAYLOAD)
+        if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8 or payload.dim() != 1:
+            raise FedsimError(f"{path}: not a {WHAT} (no {PAYLOAD} of bytes)")
+        data = payload.numpy().tobytes()
+        check_entry(path, data, outer, CHECKPOINT, "it is not resumed: restore the run directory, or run the "
+                    "experiment again")  # fmt: skip
+        p = load_torch(path, data, WHAT)
         try:
             checkpoint = cls(
                 round=int(p["round"]),
@@ -98,9 +113,9 @@ class Checkpoint:
                 metrics=json.loads(p["metrics"]),
                 elapsed_s=float(p["elapsed_s"]),
                 run_key=str(p["run_key"]),
-                client_state=_state_record(p.get(CLIENT_STATE_RECORD)),
+                client_state=_state_record(p[CLIENT_STATE_RECORD]),
                 config=str(p["config"]),
-                data_sha256=p.get(DATA_FINGERPRINT),
+                data_sha256=str(p[DATA_FINGERPRINT]),
                 rng=p["rng"],
                 failed={int(r): pids for r, pids in json.loads(p["failed"]).items()},
             )

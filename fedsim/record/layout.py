@@ -22,10 +22,11 @@ CLIENT_STATE = "client_state"  # the nodes' state files of a checkpoint, under t
 DEPLOY = "deploy"
 LOCK = ".lock"
 LOCAL_JSON = "local.json"  # what `fedsim local` ran, in RUN_DIR/local-<k>/ (fedsim.local), not a run's entry
-# The version of what a run directory records (its files and their checksums), which summary.json and
-# progress.json say under VERSION_KEY: readers take only this one; `fedsim record upgrade` brings an older
-# record to it (fedsim.record.upgrade)
-RECORD_VERSION = 1
+# The version of what a run directory records (its files and their checksums), which summary.json,
+# progress.json and checkpoint.pt say under VERSION_KEY: readers take only this one; `fedsim record upgrade`
+# brings an older record to it (fedsim.record.upgrade). 1: checksums of values, of five kinds; 2: one manifest
+# of every file's size and SHA-256 (fedsim.record.manifest)
+RECORD_VERSION = 2
 VERSION_KEY = "record_version"
 # A launcher that holds a run directory for the ServerApp it starts (fedsim deploy) names it here
 HELD_ENV = "FEDSIM_RUN_DIR_HELD"
@@ -38,7 +39,9 @@ class Entry:
     name: str
     holds: str  # what it holds, and the schema or writer that says how
     directory: bool = False
-    checksummed: bool = False  # covered by the checksums progress.json, summary.json or checkpoint.pt record
+    # listed in the manifest (size and SHA-256) of progress.json while the run goes and of summary.json at its end
+    checksummed: bool = False
+    final: bool = False  # written after the run's last progress.json, so listed by summary.json only
     fresh_clears: bool = True  # removed by a fresh run from the directory of a killed run it replaces
     resume_clears: bool = False  # removed by a resume: the stopped server's, which a launcher would show
     tracked: bool = False  # handed to trackers when the run closes
@@ -53,17 +56,17 @@ LAYOUT = (
     Entry(PARTITION, "clients x classes counts, train and test (CSV; read_partition)", checksummed=True,
           tracked=True, early=True, record=True),
     Entry(METRICS, "a line per evaluation (JSON lines; RoundRecord)", checksummed=True, resumed=True, record=True),
-    Entry(SUMMARY, "the finished run's numbers and checksums (JSON; Summary)", checksummed=True, tracked=True,
+    Entry(SUMMARY, "the finished run's numbers, the manifest and its own checksum (JSON; Summary)", tracked=True,
           record=True),
-    Entry(MODEL, "the final global model (a torch state dict)", checksummed=True),
-    Entry(CHECKPOINT, "the server's side after a round (torch; Checkpoint)", checksummed=True, resumed=True,
-          record=True),
+    Entry(MODEL, "the final global model (a torch state dict)", checksummed=True, final=True),
+    Entry(CHECKPOINT, "the server's side after a round, with its payload's size and SHA-256 (torch; Checkpoint)",
+          resumed=True, record=True),
     Entry(PROGRESS, "the latest round and the checksums so far (JSON; Progress)", resume_clears=True, early=True,
           record=True),
     Entry(ERROR, "why the ServerApp stopped (text)", resume_clears=True),
     Entry(TENSORBOARD, "TensorBoard's event files", directory=True, early=True),
-    Entry(CLIENT_STATE, "the nodes' state files of the last checkpoint (fedsim.client.state)", directory=True,
-          checksummed=True, resumed=True),
+    Entry(CLIENT_STATE, "the nodes' state files of the last checkpoint, which records each one's size and SHA-256 "
+          "(fedsim.client.state)", directory=True, resumed=True),
     Entry(DEPLOY, "fedsim deploy's files for the run", directory=True),
     Entry(LOCK, "the live run's lock (claimed)", fresh_clears=False, early=True),
     Entry(MARKER, "fedsim's mark on its directories (fedsim.ownership)", fresh_clears=False, early=True),
@@ -75,3 +78,5 @@ RESUME_CLEARS = tuple(entry.name for entry in LAYOUT if entry.resume_clears)
 EARLY = tuple(entry.name for entry in LAYOUT if entry.early)
 RECORD_FILES = tuple(entry.name for entry in LAYOUT if entry.record)
 TRACKED = tuple(entry.name for entry in LAYOUT if entry.tracked)
+MANIFEST = tuple(entry.name for entry in LAYOUT if entry.checksummed)
+FINAL = tuple(entry.name for entry in LAYOUT if entry.final)

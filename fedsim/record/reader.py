@@ -14,23 +14,32 @@ import torch
 
 from fedsim.cadence import EvalCadence
 from fedsim.errors import FedsimError
-from fedsim.reading import GIB, SUMMARY_BYTES, check_file, read_json, read_json_lines, read_text
+from fedsim.reading import GIB, METRICS_BYTES, SUMMARY_BYTES, parse_json_lines, read_bytes, read_json, read_text
 from fedsim.record.layout import ERROR, METRICS, PARTITION, PROGRESS, RECORD_VERSION, SUMMARY, VERSION_KEY
 from fedsim.record.schemas import Progress, RoundRecord, StepRecord, Summary
 
 TORCH_BYTES = 64 * GIB  # a checkpoint or model fedsim wrote: far above any the paper's models make
 
 
+def read_torch_bytes(path: Path, what: str) -> bytes:
+    """The bytes of a torch file fedsim wrote (``what`` it should be), for :func:`load_torch` once they are
+    checked; a FIFO or a device is refused unread. A missing file stays FileNotFoundError: its callers say
+    which run lacks it."""
+    if not path.exists():
+        raise FileNotFoundError(path)
+    return read_bytes(path, what, TORCH_BYTES, FedsimError)
+
+
 def read_torch(path: Path, what: str) -> Any:
-    """``torch.load`` of a file fedsim wrote (tensors and plain types only); a truncated or foreign file
-    is one line naming it and ``what`` it should be, not a pickle traceback; a FIFO or a device is refused
-    unread (torch.load would wait on it forever)."""
-    if path.exists():  # a missing file stays FileNotFoundError: its callers say which run lacks it
-        check_file(path, what, TORCH_BYTES, FedsimError)
+    """:func:`load_torch` of the file at ``path`` (:func:`read_torch_bytes`)."""
+    return load_torch(path, read_torch_bytes(path, what), what)
+
+
+def load_torch(path: Path, data: bytes, what: str) -> Any:
+    """``torch.load`` of ``data`` (tensors and plain types only), read from ``path``; bytes that are not a torch
+    file (truncated, foreign) are one line naming it and ``what`` it should be, not a pickle traceback."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 (whatever torch's readers raise on bytes that are not theirs)
         first = (str(err).strip().splitlines() or [""])[0]
         raise FedsimError(f"{path}: not a readable {what} ({type(err).__name__}: {first})") from err
@@ -47,18 +56,27 @@ def final_accuracies(metrics: list[dict[str, Any]]) -> dict[str, float | None]:
     }
 
 
-def read_metrics(
-    run_dir: str | Path, index: str = "round", last: int | None = None, cadence: EvalCadence | None = None
-) -> list[dict[str, Any]]:
-    """Every line of ``metrics.jsonl`` so far (none before the first evaluation); each names its ``index``
-    (``round`` in a run, ``step`` in a ``fedsim local`` continuation), strictly increasing line by line, at
-    most ``last`` (the run's ``train.rounds``, the continuation's steps) where that is known, and a round the
-    run evaluates where its ``cadence`` is given."""
+def metrics_bytes(run_dir: str | Path) -> bytes:
+    """``metrics.jsonl``'s bytes (none before the first evaluation), for :func:`read_metrics` and the manifest's
+    check of the same bytes."""
     path = Path(run_dir) / METRICS
-    if not path.exists():
-        return []
+    return read_bytes(path, "metrics", METRICS_BYTES, FedsimError) if path.exists() else b""
+
+
+def read_metrics(
+    run_dir: str | Path, index: str = "round", last: int | None = None, cadence: EvalCadence | None = None,
+    data: bytes | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Every line of ``metrics.jsonl`` so far (``data``: its bytes as read by :func:`metrics_bytes`); each names
+    its ``index`` (``round`` in a run, ``step`` in a ``fedsim local`` continuation), strictly increasing line by
+    line, at most ``last`` (the run's ``train.rounds``, the continuation's steps) where that is known, and a round
+    the run evaluates where its ``cadence`` is given."""
+    path = Path(run_dir) / METRICS
     schema = RoundRecord if index == "round" else StepRecord
-    return read_json_lines(path, schema, "metrics", increasing=index, context={"last": last, "cadence": cadence})
+    return parse_json_lines(
+        metrics_bytes(run_dir) if data is None else data, path, schema, "metrics", increasing=index,
+        context={"last": last, "cadence": cadence},
+    )  # fmt: skip
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:

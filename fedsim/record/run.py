@@ -13,15 +13,13 @@ from fedsim.cadence import EvalCadence
 from fedsim.config import flatten
 from fedsim.config_file import read_run_config
 from fedsim.errors import FedsimError
-from fedsim.record.checksums import CONFIG_CHECKSUM
 from fedsim.record.layout import CHECKPOINT, CONFIG, PARTITION, PROGRESS, RECORD_FILES, SUMMARY
-from fedsim.record.reader import read_metrics, read_partition, read_progress, read_summary
+from fedsim.record.reader import metrics_bytes, read_metrics, read_partition, read_progress, read_summary
 from fedsim.record.verify import (
     RESTORE_HINT,
     check_against_checkpoint,
-    check_config,
     check_evaluations,
-    check_metrics,
+    check_files,
     check_partition,
     check_summary,
 )  # fmt: skip
@@ -59,21 +57,21 @@ def read_run(path: str | Path) -> RunRecord:
     cfg = read_run_config(path / CONFIG, read_back=True)
     cadence = EvalCadence(cfg.eval.every, cfg.train.rounds)
     summary = read_summary(path) if (path / SUMMARY).exists() else None
+    progress, data = (None, metrics_bytes(path)) if summary is not None else _progress_and_metrics(path)
+    # each file read first: one that is not what fedsim writes is named by its reader, one that is but is not
+    # the run's by the manifest
+    metrics = read_metrics(path, last=cfg.train.rounds, cadence=cadence, data=data)
+    partition = read_partition(path) if (path / PARTITION).exists() else None
     if summary is not None:
         check_summary(path, cfg, summary)
-        progress, metrics = None, read_metrics(path, last=cfg.train.rounds, cadence=cadence)
-        check_metrics(path, summary, SUMMARY, metrics)
-    else:
-        progress, metrics = _progress_and_metrics(path, cfg.train.rounds, cadence)
-        if progress is not None:
-            check_config(path, progress[CONFIG_CHECKSUM], PROGRESS, "ran")
-            check_metrics(path, progress, PROGRESS, metrics)
-        elif (path / CHECKPOINT).exists():  # a resume under way, or one that stopped before its first round
-            check_against_checkpoint(path, cfg, metrics)
+        check_files(path, summary, SUMMARY, data)
+    elif progress is not None:
+        check_files(path, progress, PROGRESS, data)
+    elif (path / CHECKPOINT).exists():  # a resume under way, or one that stopped before its first round
+        check_against_checkpoint(path, cfg, data)
     check_evaluations(path, cadence, summary, metrics)
-    partition = read_partition(path) if (path / PARTITION).exists() else None
     if partition is not None:
-        check_partition(path, cfg, summary or progress, SUMMARY if summary is not None else PROGRESS, *partition)
+        check_partition(path, cfg, partition[1])
     return {
         "dir": path,
         "config": flatten(cfg.model_dump(mode="json")),
@@ -83,13 +81,11 @@ def read_run(path: str | Path) -> RunRecord:
     }
 
 
-def _progress_and_metrics(
-    path: Path, rounds: int, cadence: EvalCadence
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """An unfinished run's progress.json and metrics.jsonl, read of one round (:data:`_READS`)."""
+def _progress_and_metrics(path: Path) -> tuple[dict[str, Any] | None, bytes]:
+    """An unfinished run's progress.json and metrics.jsonl's bytes, read of one round (:data:`_READS`)."""
     for _ in range(_READS):
         progress = read_progress(path) if (path / PROGRESS).exists() else None
-        metrics = read_metrics(path, last=rounds, cadence=cadence)
+        metrics = metrics_bytes(path)
         again = read_progress(path) if (path / PROGRESS).exists() else None
         if again == progress:
             break

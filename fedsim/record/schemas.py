@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from fedsim.record.layout import RECORD_VERSION
+from fedsim.record.layout import MANIFEST, RECORD_VERSION
 
 
 class Written(BaseModel):
@@ -100,6 +100,29 @@ class Versioned(Written):
     record_version: int | None = None
 
 
+class FileEntry(BaseModel):
+    """A file's entry in a manifest (:mod:`fedsim.record.manifest`): its size and the SHA-256 of its bytes."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern="^[0-9a-f]{64}$")
+
+
+def _listed(files: dict[str, FileEntry] | None) -> dict[str, FileEntry] | None:
+    """A manifest lists files of the layout's manifest only (:data:`fedsim.record.layout.MANIFEST`)."""
+    if files is not None and (other := sorted(set(files) - set(MANIFEST))):
+        raise PydanticCustomError(
+            "not_listed", "{name} is not a file a manifest lists (those are {allowed})",
+            {"name": other[0], "allowed": ", ".join(MANIFEST)},
+        )  # fmt: skip
+    return files
+
+
+# progress.json's and summary.json's manifest
+Manifest = Annotated[dict[str, FileEntry], AfterValidator(_listed)]
+
+
 def _complete(record: Versioned, keys: tuple[str, ...]) -> Any:
     """``record`` once the checksums ``keys`` are all there, if it is of this record version (an older one is
     refused whole by its reader, naming the upgrade)."""
@@ -115,16 +138,13 @@ class Progress(Versioned):
     round: int = Field(ge=0)
     loss: float | None
     acc: float | None = Field(ge=0, le=1)
-    # of this record version (fedsim.record.reader.check_version) every one is there (_complete)
+    # of this record version (fedsim.record.reader.check_version) the manifest is there (_complete)
     record_version: int | None = None
-    config_sha256: str | None = None  # fedsim.record.checksums.config_checksum
-    partition_sha256: str | None = None  # partition_checksum; None before the run wrote partition.csv
-    metrics_sha256: str | None = None  # MetricsChecksum
-    metrics_lines: int | None = Field(None, ge=0)
+    files: Manifest | None = None  # fedsim.record.manifest
 
     @model_validator(mode="after")
     def _all_checksums(self) -> Progress:
-        return _complete(self, ("config_sha256", "metrics_sha256", "metrics_lines"))
+        return _complete(self, ("files",))
 
 
 class Summary(Versioned):
@@ -134,16 +154,12 @@ class Summary(Versioned):
     final_client_mean_acc: float | None = Field(ge=0, le=1)
     best_client_mean_acc: float | None = Field(ge=0, le=1)
     final_global_acc: float | None = Field(ge=0, le=1)
-    # of this record version (fedsim.record.reader.check_version) every checksum is there (_complete)
+    # of this record version (fedsim.record.reader.check_version) both checksums are there (_complete)
     record_version: int | None = None
-    config_sha256: str | None = None  # fedsim.record.checksums.config_checksum
-    partition_sha256: str | None = None  # partition_checksum; None: the run wrote no partition.csv
+    files: Manifest | None = None  # fedsim.record.manifest
+    summary_sha256: str | None = None  # fedsim.record.manifest.summary_checksum
     data_sha256: str | None = None  # fedsim.data.fingerprint (None: a summary written by hand, for a test)
-    metrics_sha256: str | None = None  # MetricsChecksum
-    metrics_lines: int | None = Field(None, ge=1)
-    model_sha256: str | None = None  # digest of model.pt's state dict (None: no model.pt)
-    summary_sha256: str | None = None  # summary_checksum
 
     @model_validator(mode="after")
     def _all_checksums(self) -> Summary:
-        return _complete(self, ("config_sha256", "metrics_sha256", "metrics_lines", "summary_sha256"))
+        return _complete(self, ("files", "summary_sha256"))

@@ -1,38 +1,44 @@
 """The one way an older run record becomes one this fedsim reads (``fedsim record upgrade DIR``): the
-checksums its summary.json or progress.json records are checked once against its files, the ones it lacks
-(a fedsim before them wrote it) computed from them, and the file rewritten of
-:data:`fedsim.record.layout.RECORD_VERSION`; the run directory is then read back whole
-(:func:`fedsim.record.run.read_run`), and left as it was if that fails. Readers take only the current version
+checksums its summary.json or progress.json and its checkpoint.pt record are checked once against its files
+(:mod:`fedsim.record.legacy`), then the files are listed by size and SHA-256 (:mod:`fedsim.record.manifest`)
+and the record rewritten of :data:`fedsim.record.layout.RECORD_VERSION`, with each ``fedsim local``
+continuation's local.json; the run directory is then read back whole (:func:`fedsim.record.run.read_run`), and
+every file left as it was if that fails. Readers take only the current version
 (:func:`fedsim.record.reader.check_version`), so this module is the only place an older record is read."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from fedsim.cadence import EvalCadence
-from fedsim.config_file import read_run_config, read_yaml
+from fedsim.config_file import read_run_config
+from fedsim.digest import digest
 from fedsim.errors import FedsimError
 from fedsim.files import write_file
-from fedsim.reading import read_bytes, read_json
-from fedsim.record.checksums import (
-    CONFIG_CHECKSUM,
-    METRICS_LINES,
-    PARTITION_CHECKSUM,
-    SUMMARY_CHECKSUM,
-    MetricsChecksum,
-    config_checksum,
-    partition_checksum,
-    summary_checksum,
-)  # fmt: skip
+from fedsim.reading import SUMMARY_BYTES, read_bytes, read_json
+from fedsim.record.checkpoint import WHAT, checkpoint_bytes
 from fedsim.record.claim import locked
-from fedsim.record.layout import CONFIG, PARTITION, PROGRESS, RECORD_VERSION, SUMMARY, VERSION_KEY
+from fedsim.record.layout import (
+    CHECKPOINT,
+    CONFIG,
+    LOCAL_JSON,
+    METRICS,
+    MODEL,
+    PARTITION,
+    PROGRESS,
+    RECORD_VERSION,
+    SUMMARY,
+    VERSION_KEY,
+)
+from fedsim.record.legacy import KEYS, MODEL_SHA256, check_checkpoint, check_legacy
+from fedsim.record.manifest import FILES, SHA256, SUMMARY_CHECKSUM, entry_of, summary_checksum
 from fedsim.record.paths import check_run_links, resolved
-from fedsim.record.reader import read_metrics, read_partition
+from fedsim.record.reader import load_torch, metrics_bytes, read_metrics, read_partition, read_torch_bytes
 from fedsim.record.run import read_run
 from fedsim.record.schemas import Versioned
-from fedsim.record.verify import check_config, check_metrics, check_partition, check_summary_checksum
-from fedsim.record.writer import record_json
+from fedsim.record.writer import metrics_line, record_json
 
 
 def upgrade_run(run_dir: str | Path) -> str:
@@ -49,48 +55,74 @@ def upgrade_run(run_dir: str | Path) -> str:
         file = path / name
         record = read_json(file, Versioned, name.removesuffix(".json"))
         version = record.get(VERSION_KEY) or 0
-        if version == RECORD_VERSION:
-            return f"{path}: already of record version {RECORD_VERSION}"
         if version > RECORD_VERSION:
             raise FedsimError(f"{file}: of record version {version}, newer than this fedsim's ({RECORD_VERSION})")
-        before = read_bytes(file, name, 1 << 24, FedsimError)
-        upgraded = _upgraded(path, name, record)
-        write_file(file, record_json(name, upgraded))
+        rewritten = _upgraded(path, name, record) if version < RECORD_VERSION else {}
+        if (path / CHECKPOINT).is_file() and (checkpoint := _checkpoint(path / CHECKPOINT)) is not None:
+            rewritten[path / CHECKPOINT] = checkpoint
+        if not rewritten:
+            return f"{path}: already of record version {RECORD_VERSION}"
+        before = {f: read_bytes(f, f.name, 1 << 36, FedsimError) for f in rewritten}
+        for f, data in rewritten.items():
+            write_file(f, data, fsync=f.name == CHECKPOINT)
         try:
             read_run(path)
         except FedsimError:
-            write_file(file, before)  # as it was: the record disagrees with itself beyond its checksums
+            for f, data in before.items():  # as it was: the record disagrees with itself beyond its checksums
+                write_file(f, data)
             raise
-    return f"{path}: {name} upgraded from record version {version} to {RECORD_VERSION}"
+    return f"{path}: {', '.join(f.name for f in rewritten)} upgraded to record version {RECORD_VERSION}"
 
 
-def _upgraded(path: Path, name: str, record: dict[str, Any]) -> dict[str, Any]:
-    """``record`` (``name``, of an older version) checked against the files by what checksums it has, with
-    those it lacks computed from them and this version's stamp."""
+def _upgraded(path: Path, name: str, record: dict[str, Any]) -> dict[Path, bytes]:
+    """The files of the run (``name``, of an older version, and checkpoint.pt and local.json files where there
+    are) as this version writes them, once the older checksums are the files'."""
     cfg = read_run_config(path / CONFIG, read_back=True)
-    metrics = read_metrics(path, last=cfg.train.rounds, cadence=EvalCadence(cfg.eval.every, cfg.train.rounds))
+    data = metrics_bytes(path)
+    metrics = read_metrics(path, last=cfg.train.rounds, cadence=EvalCadence(cfg.eval.every, cfg.train.rounds),
+                           data=data)  # fmt: skip
     partition = read_partition(path) if (path / PARTITION).is_file() else None
-    if name == SUMMARY and record.get(SUMMARY_CHECKSUM) is not None:
-        check_summary_checksum(path, record)
-    if record.get(CONFIG_CHECKSUM) is not None:
-        check_config(path, record[CONFIG_CHECKSUM], name, "ran")
-    if record.get(METRICS_LINES) is not None:
-        check_metrics(path, record, name, metrics)
-    if partition is not None and record.get(PARTITION_CHECKSUM) is not None:
-        check_partition(path, cfg, record, name, *partition)
-    if record.get(METRICS_LINES) is not None:
-        covered = metrics[: record[METRICS_LINES]]
-    elif name == SUMMARY:
-        covered = metrics
-    else:  # the lines up to its round: one more is the round after, which the run wrote before its progress
-        covered = [line for line in metrics if line["round"] <= record["round"]]
-    upgraded = {k: v for k, v in record.items() if k != SUMMARY_CHECKSUM}
-    upgraded.update({
-        VERSION_KEY: RECORD_VERSION,
-        CONFIG_CHECKSUM: config_checksum(read_yaml(path / CONFIG, "the run's config.yaml")),
-        PARTITION_CHECKSUM: partition_checksum(*partition) if partition is not None else None,
-        **MetricsChecksum(covered).record(),
-    })  # fmt: skip
+    model = (path / MODEL).is_file() and name == SUMMARY
+    model_bytes = read_torch_bytes(path / MODEL, "model") if model else b""
+    state = load_torch(path / MODEL, model_bytes, "model") if model else None
+    covered = check_legacy(path, name, record, metrics, partition, state)
+    files = {CONFIG: entry_of(read_bytes(path / CONFIG, CONFIG, SUMMARY_BYTES, FedsimError)),
+             METRICS: entry_of(data[: len(b"".join(metrics_line(line) for line in covered))])}  # fmt: skip
+    if partition is not None:
+        files[PARTITION] = entry_of(read_bytes(path / PARTITION, PARTITION, SUMMARY_BYTES, FedsimError))
+    if model:
+        files[MODEL] = entry_of(model_bytes)
+    upgraded = {k: v for k, v in record.items() if k not in KEYS}
+    upgraded.update({VERSION_KEY: RECORD_VERSION, FILES: files})
     if name == SUMMARY:
         upgraded[SUMMARY_CHECKSUM] = summary_checksum(upgraded)
-    return upgraded
+    rewritten = {path / name: record_json(name, upgraded)}
+    if state is not None:
+        rewritten.update(_continuations(path, digest(state), files[MODEL][SHA256]))
+    return rewritten
+
+
+def _checkpoint(file: Path) -> bytes | None:
+    """checkpoint.pt of an older version, checked, as this version writes it (its fields as they were); None
+    if it is of this version."""
+    outer = load_torch(file, read_torch_bytes(file, WHAT), WHAT)
+    if not isinstance(outer, dict):
+        raise FedsimError(f"{file}: not a {WHAT} (a {type(outer).__name__}, not a mapping)")
+    version = outer.get(VERSION_KEY) or 0
+    if version > RECORD_VERSION:
+        raise FedsimError(f"{file}: of record version {version}, newer than this fedsim's ({RECORD_VERSION})")
+    if version == RECORD_VERSION:
+        return None
+    return checkpoint_bytes(check_checkpoint(file, outer))
+
+
+def _continuations(path: Path, old: str, new: str) -> dict[Path, bytes]:
+    """Each ``fedsim local`` continuation's local.json in the run directory that continued the model whose
+    version-1 checksum is ``old``, naming it by its SHA-256 ``new``; one of another model (or none) is left as
+    it is, and refused when read."""
+    rewritten = {}
+    for local in sorted(path.glob(f"local-*/{LOCAL_JSON}")):
+        request = json.loads(read_bytes(local, LOCAL_JSON, SUMMARY_BYTES, FedsimError))
+        if request.get(MODEL_SHA256) == old:
+            rewritten[local] = (json.dumps({**request, MODEL_SHA256: new}, indent=2) + "\n").encode()
+    return rewritten

@@ -1,9 +1,10 @@
-"""The checks of a run directory's files against each other and against the checksums the run recorded
-(:mod:`fedsim.record.checksums`): numbers that are not the run's are one error naming the file and what to
+"""The checks of a run directory's files against each other and against the manifest the run recorded
+(:mod:`fedsim.record.manifest`): numbers that are not the run's are one error naming the file and what to
 do (:data:`RESTORE_HINT`, :data:`RESUME_HINT`), never a table or a figure."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -12,22 +13,13 @@ import numpy as np
 
 from fedsim.cadence import EvalCadence
 from fedsim.config import RunConfig
-from fedsim.config_file import read_yaml
 from fedsim.errors import ConfigError, FedsimError, FedsimWarning
+from fedsim.reading import SUMMARY_BYTES, read_bytes
 from fedsim.record.checkpoint import Checkpoint
-from fedsim.record.checksums import (
-    CONFIG_CHECKSUM,
-    METRICS_CHECKSUM,
-    METRICS_LINES,
-    PARTITION_CHECKSUM,
-    SUMMARY_CHECKSUM,
-    MetricsChecksum,
-    config_checksum,
-    partition_checksum,
-    summary_checksum,
-)  # fmt: skip
-from fedsim.record.layout import CHECKPOINT, CONFIG, METRICS, PARTITION, PROGRESS, SUMMARY
-from fedsim.record.reader import final_accuracies
+from fedsim.record.layout import CHECKPOINT, FINAL, MANIFEST, METRICS, PARTITION, PROGRESS
+from fedsim.record.manifest import FILES, SUMMARY_CHECKSUM, check_entry, summary_checksum
+from fedsim.record.reader import TORCH_BYTES, final_accuracies
+from fedsim.record.writer import metrics_line
 
 
 class LostEvaluations(FedsimWarning):
@@ -51,26 +43,13 @@ def check_summary_checksum(path: Path, summary: dict[str, Any]) -> None:
 
 def check_summary(path: Path, cfg: RunConfig, summary: dict[str, Any]) -> None:
     """A finished run's ``summary.json`` is the one it wrote (:func:`summary_checksum`), of the run its
-    ``config.yaml`` describes: the same rounds and the same :func:`config_checksum`. A config edited after the
-    run (a seed, a learning rate) put the run's numbers under another config's label, or made two copies of a run
-    two seeds."""
+    ``config.yaml`` describes (the same rounds; the file itself is in the manifest, :func:`check_files`)."""
     if summary["rounds"] != cfg.train.rounds:
         raise FedsimError(
             f"{path}: summary.json says the run finished {summary['rounds']} rounds, its config.yaml's train.rounds "
             f"is {cfg.train.rounds}: {RESTORE_HINT}"
         )
     check_summary_checksum(path, summary)
-    check_config(path, summary[CONFIG_CHECKSUM], SUMMARY, "finished with")
-
-
-def check_config(path: Path, recorded: str, source: str, did: str) -> None:
-    """The run's ``config.yaml`` is the config whose :func:`config_checksum` ``source`` (summary.json of a finished
-    run, progress.json of one still running or stopped) recorded."""
-    if recorded != config_checksum(read_yaml(path / CONFIG, "the run's config.yaml")):
-        raise FedsimError(
-            f"{path}: config.yaml is not the config the run {did} ({CONFIG_CHECKSUM} in {source} differs; edited "
-            f"after the run, or another run's): {RESTORE_HINT}"
-        )
 
 
 def lines_of(count: int) -> str:
@@ -78,33 +57,40 @@ def lines_of(count: int) -> str:
     return f"{count} line{'' if count == 1 else 's'}"
 
 
-def check_metrics(path: Path, recorded: dict[str, Any], source: str, metrics: list[dict[str, Any]]) -> None:
-    """A run's ``metrics.jsonl`` holds the lines the run wrote, as ``source`` records them (:class:`MetricsChecksum`):
-    all of them after summary.json; after progress.json, the lines it
-    covers and at most the one line of the round after its own, which a run stopped between writing the two
-    wrote last. A line of another run spliced in, or one edited, added or lost, put numbers on a curve that the
-    run never measured."""
-    sha256, count = recorded[METRICS_CHECKSUM], recorded[METRICS_LINES]
-    if source == SUMMARY and not metrics:  # none: check_evaluations says it
-        return
-    extra = metrics[count:]
+def check_files(path: Path, record: dict[str, Any], source: str, metrics: bytes) -> None:
+    """Every file of the manifest (:data:`fedsim.record.layout.MANIFEST`) in the run directory is the one
+    ``source`` (summary.json of a finished run, progress.json of one still running or stopped: ``record``) lists,
+    by size and SHA-256, and every one it lists is there; one progress.json does not list that the run writes
+    after it (:data:`fedsim.record.layout.FINAL`) is not read before summary.json lists it. ``metrics``:
+    metrics.jsonl's bytes, as parsed. A live run's metrics.jsonl may hold one line more than its progress.json
+    lists, of the round after its own, which a run stopped between writing the two wrote last. A config edited
+    after the run (a seed, a learning rate) put the run's numbers under another config's label; another run's
+    partition or lines, numbers on a curve the run never measured."""
+    files = record[FILES]
     hint = RESUME_HINT if source == PROGRESS and (path / CHECKPOINT).is_file() else RESTORE_HINT
-    if source == SUMMARY and len(metrics) != count:
-        raise FedsimError(
-            f"{path}: metrics.jsonl has {lines_of(len(metrics))} where the run wrote {count} ({METRICS_LINES} in "
-            f"{source}; lines lost or added after the run): {RESTORE_HINT}"
-        )
-    if len(metrics) < count or len(extra) > 1 or (extra and extra[0]["round"] != recorded["round"] + 1):
-        raise FedsimError(
-            f"{path}: metrics.jsonl has {lines_of(len(metrics))} (to round {metrics[-1]['round'] if metrics else 0}) "
-            f"where the run had written {count} by round {recorded['round']} ({METRICS_LINES} and round in "
-            f"{source}; lines lost or added since): {hint}"
-        )
-    if MetricsChecksum(metrics[:count]).sha256 != sha256:
-        raise FedsimError(
-            f"{path}: metrics.jsonl's lines are not the ones the run wrote ({METRICS_CHECKSUM} in {source} differs; "
-            f"edited after the run, or another run's): {hint}"
-        )
+    for name in MANIFEST:
+        file = path / name
+        if name not in files:
+            if file.exists() and not (name == METRICS and not metrics) and not (source == PROGRESS and name in FINAL):
+                raise FedsimError(
+                    f"{file}: not a file the run wrote ({source} lists no {name}: added after the run, or another "
+                    f"run's): {hint}"
+                )
+            continue
+        if name == METRICS:
+            data = metrics
+        elif not file.exists():
+            raise FedsimError(f"{file}: missing, where {source} lists the file the run wrote: {hint}")
+        else:
+            data = read_bytes(file, f"the run's {name}", TORCH_BYTES if name.endswith(".pt") else SUMMARY_BYTES,
+                              FedsimError)  # fmt: skip
+        tail = (lambda more: _next_round(more, record["round"])) if source == PROGRESS and name == METRICS else None
+        check_entry(file, data, files[name], f"{source}'s {FILES}", hint, tail)
+
+
+def _next_round(more: bytes, last: int) -> bool:
+    """``more`` (metrics.jsonl past what progress.json of round ``last`` lists) is the one line of the round after."""
+    return more.count(b"\n") == 1 and more.endswith(b"\n") and json.loads(more)["round"] == last + 1
 
 
 def check_evaluations(
@@ -144,14 +130,9 @@ def check_evaluations(
         )
 
 
-def check_partition(
-    path: Path, cfg: RunConfig, recorded: dict[str, Any] | None, source: str, classes: list[str],
-    counts: dict[str, np.ndarray],
-) -> None:  # fmt: skip
-    """A run's ``partition.csv`` is its own: a row per client of its config in each split and, where ``source``
-    (the summary of a finished run, the progress of one not finished: ``recorded``; None while a resume's checkpoint
-    vouches for the run) records one, the same :func:`partition_checksum`. Another run's table (another seed, beta
-    or dataset) drew a label distribution the run never trained on."""
+def check_partition(path: Path, cfg: RunConfig, counts: dict[str, np.ndarray]) -> None:
+    """A run's ``partition.csv`` has a row per client of its config in each split (its bytes are in the
+    manifest, :func:`check_files`)."""
     file = path / PARTITION
     shapes = {split: len(c) for split, c in counts.items()}
     if sorted(shapes) != ["test", "train"] or set(shapes.values()) != {cfg.train.num_clients}:
@@ -159,24 +140,19 @@ def check_partition(
             f"{file}: rows per split {shapes}, where the run's config.yaml has {cfg.train.num_clients} clients "
             f"(train.num_clients) in each of train and test: {RESTORE_HINT}"
         )
-    if recorded is not None and recorded.get(PARTITION_CHECKSUM) != partition_checksum(classes, counts):
-        raise FedsimError(
-            f"{path}: partition.csv is not the partition the run trained on ({PARTITION_CHECKSUM} in {source} "
-            f"differs; edited after the run, or another run's): {RESTORE_HINT}"
-        )
 
 
-def check_against_checkpoint(path: Path, cfg: RunConfig, metrics: list[dict[str, Any]]) -> None:
+def check_against_checkpoint(path: Path, cfg: RunConfig, metrics: bytes) -> None:
     """An unfinished run without progress.json (a resume removed the stopped run's, and stopped before writing its
     own, or has not written it yet): its checkpoint (checksummed) vouches instead. ``config.yaml`` trains as the
-    checkpoint's config does, and ``metrics.jsonl`` begins with the lines the checkpoint holds, which the resume
-    keeps; those after them are the stopped run's, up to its next checkpoint."""
+    checkpoint's config does, and ``metrics.jsonl`` (``metrics``: its bytes) begins with the lines the checkpoint
+    holds, which the resume keeps; those after them are the stopped run's, up to its next checkpoint."""
     try:
         kept = Checkpoint.load(path, cfg).metrics
     except ConfigError as err:  # config.yaml edited since: said of this run
         raise FedsimError(f"{path}: {err}") from err
-    if MetricsChecksum(metrics[: len(kept)]).sha256 != MetricsChecksum(kept).sha256:
+    if not metrics.startswith(b"".join(metrics_line(line) for line in kept)):
         raise FedsimError(
-            f"{path}: metrics.jsonl does not begin with the {lines_of(len(kept))} its {CHECKPOINT} holds (edited or "
+            f"{path}: {METRICS} does not begin with the {lines_of(len(kept))} its {CHECKPOINT} holds (edited or "
             f"lost after the run, or another run's): {RESUME_HINT}"
         )

@@ -74,7 +74,7 @@ class Checkpointer:
         self.every = cfg.output.checkpoint_every
         self.partition_of_node = {n: p for p, n in node_of_partition.items()}
         if resumed is None:  # a fresh run: a run key of its own, so no node ever loads another run's state
-            self.run_key, self.last, self.record = f"{out.path.name}-{uuid.uuid4().hex[:8]}", 0, None
+            self.run_key, self.last, self.record = f"{out.path.name}-{uuid.uuid4().hex[:8]}", 0, {}
         else:
             self.run_key, self.last, self.record = resumed.run_key, resumed.round, resumed.client_state
 

@@ -20,8 +20,8 @@ from flwr.app import Message
 
 from fedsim import wire
 from fedsim.errors import FedsimError
+from fedsim.record.checkpoint import StateRecord
 
-StateRecord = dict[int, str]  # partition -> SHA-256 of its state file of the checkpoint's round
 SHOWN = 5  # partitions named in a message; the rest are counted
 
 
@@ -31,14 +31,13 @@ def record_of(replies: Iterable[Message]) -> StateRecord:
     return {pid: sha256 for pid, sha256 in sorted(answers.items()) if sha256}
 
 
-def rounds_to_load(checkpoint_round: int, record: StateRecord | None, partitions: Iterable[int]) -> dict[int, int]:
+def rounds_to_load(checkpoint_round: int, record: StateRecord, partitions: Iterable[int]) -> dict[int, int]:
     """The round each partition loads its newest state up to: 0 (none) where the checkpoint recorded no state,
-    so a file the run never wrote is not read. A checkpoint without a record (written by a fedsim before
-    records) asks every node, to find out whether there is state it cannot check."""
-    return {pid: checkpoint_round if record is None or pid in record else 0 for pid in partitions}
+    so a file the run never wrote is not read."""
+    return {pid: checkpoint_round if pid in record else 0 for pid in partitions}
 
 
-def check_loaded(run_dir: Path, checkpoint_round: int, record: StateRecord | None, replies: Iterable[Message]) -> None:
+def check_loaded(run_dir: Path, checkpoint_round: int, record: StateRecord, replies: Iterable[Message]) -> None:
     """Refuse the resume unless every node read the state file ``record`` holds for its partition."""
     problems: list[str] = []
     for reply in sorted(replies, key=wire.partition_of):
@@ -46,21 +45,12 @@ def check_loaded(run_dir: Path, checkpoint_round: int, record: StateRecord | Non
         read_round = int(wire.reply_config(reply, wire.STATE_ROUND))
         sha256 = str(wire.reply_config(reply, wire.STATE_SHA256))
         directory = Path(str(wire.reply_config(reply, wire.STATE_DIR)))
-        if record is None:
-            if read_round:
-                problems.append(f"partition {pid}: {directory / f'round-{read_round}.bin'}")
-            continue
         wrong = _wrong(record.get(pid, ""), checkpoint_round, read_round, sha256, directory)
         if wrong:
             problems.append(f"partition {pid}: {wrong}")
     if not problems:
         return
     listed = "; ".join(problems[:SHOWN]) + (f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else "")
-    if record is None:
-        raise FedsimError(
-            f"{run_dir}: cannot resume: its checkpoint.pt was written by a fedsim that did not record its clients' "
-            f"state, so these state files cannot be checked against it: {listed}; run the experiment again"
-        )
     raise FedsimError(
         f"{run_dir}: cannot resume: its clients' state is not the state checkpoint.pt recorded at round "
         f"{checkpoint_round}: {listed}"

@@ -32,8 +32,8 @@ from fedsim.experiment import Experiment, build_server
 from fedsim.layout import torch_threads
 from fedsim.plugin_guard import plugin_code
 from fedsim.record.checkpoint import Checkpoint
-from fedsim.record.checksums import DATA_FINGERPRINT, MODEL_CHECKSUM
 from fedsim.record.layout import CHECKPOINT
+from fedsim.record.manifest import DATA_FINGERPRINT
 from fedsim.record.paths import default_run_dir
 from fedsim.record.writer import RunDir
 from fedsim.server.checkpoint import Checkpointer, set_rng_state
@@ -227,7 +227,7 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
     reporter.say_left_out()
     summary[DATA_FINGERPRINT] = data_sha256
     if cfg.output.save_model:
-        summary[MODEL_CHECKSUM] = out.save_model(arrays.to_torch_state_dict())
+        out.save_model(arrays.to_torch_state_dict())
     checkpoints.finish()
     summary = out.write_summary(summary)  # last: a finished summary means a finished run directory
     if show:
