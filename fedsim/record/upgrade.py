@@ -49,15 +49,18 @@ def upgrade_run(run_dir: str | Path) -> str:
         raise FedsimError(f"{path}: not a run directory (no {CONFIG})")
     check_run_links(path)
     name = SUMMARY if (path / SUMMARY).is_file() else PROGRESS if (path / PROGRESS).is_file() else None
-    if name is None:
-        return f"{path}: nothing to upgrade (no {SUMMARY} or {PROGRESS}; a resume writes its progress anew)"
+    if name is None and not (path / CHECKPOINT).is_file():
+        return f"{path}: nothing to upgrade (no {SUMMARY}, {PROGRESS} or {CHECKPOINT})"
     with locked(path, "fedsim record upgrade", "run"):
-        file = path / name
-        record = read_json(file, Versioned, name.removesuffix(".json"))
-        version = record.get(VERSION_KEY) or 0
-        if version > RECORD_VERSION:
-            raise FedsimError(f"{file}: of record version {version}, newer than this fedsim's ({RECORD_VERSION})")
-        rewritten = _upgraded(path, name, record) if version < RECORD_VERSION else {}
+        rewritten: dict[Path, bytes] = {}
+        if name is not None:  # none: a resume removed the stopped run's progress.json; it writes its own
+            record = read_json(path / name, Versioned, name.removesuffix(".json"))
+            version = record.get(VERSION_KEY) or 0
+            if version > RECORD_VERSION:
+                raise FedsimError(f"{path / name}: of record version {version}, newer than this fedsim's "
+                                  f"({RECORD_VERSION})")  # fmt: skip
+            if version < RECORD_VERSION:
+                rewritten = _upgraded(path, name, record)
         if (path / CHECKPOINT).is_file() and (checkpoint := _checkpoint(path / CHECKPOINT)) is not None:
             rewritten[path / CHECKPOINT] = checkpoint
         if not rewritten:
