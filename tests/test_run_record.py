@@ -444,7 +444,8 @@ def test_an_unfinished_runs_config_edited_since_is_refused(
     assert main(["plot", str(run_dir), "--out", str(tmp_path / "intact")]) == 0
     capsys.readouterr()
     edit_config(run_dir, "train", "lr", 0.2)
-    problem = f"{run_dir / 'config.yaml'}: 1,258 bytes where the run wrote 1,259 (its size in progress.json's files"
+    size = len(config)
+    problem = f"{run_dir / 'config.yaml'}: {size - 1:,} bytes where the run wrote {size:,} (its size in progress.json's"
     assert main(["plot", str(run_dir), "--out", str(tmp_path / "fig")]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and problem in err, err

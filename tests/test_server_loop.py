@@ -29,7 +29,7 @@ from fedsim.engines.local import InlineExecutor, LocalGrid, node_id_of
 from fedsim.errors import ConfigError, TrainingError
 from fedsim.experiment import Experiment, build_server, resolve
 from fedsim.record.checkpoint import Checkpoint
-from fedsim.record.checksums import DATA_FINGERPRINT, MODEL_CHECKSUM
+from fedsim.record.manifest import DATA_FINGERPRINT, FILES, entry_of
 from fedsim.record.writer import RunDir
 from fedsim.server.checkpoint import Checkpointer
 from fedsim.server.contract import CheckedStrategy
@@ -410,7 +410,8 @@ def test_run_server_writes_the_run_and_returns_the_summary_it_wrote(
     assert summary["final_client_mean_acc"] == lines[-1]["client_mean_acc"]
     assert summary["final_train_loss"] == lines[-1]["train_loss"]
     model = torch.load(run_dir / "model.pt")
-    assert MODEL_CHECKSUM in summary and model.keys() == resolve(parse_config(raw)).build_model().state_dict().keys()
+    assert summary[FILES]["model.pt"] == entry_of((run_dir / "model.pt").read_bytes())
+    assert model.keys() == resolve(parse_config(raw)).build_model().state_dict().keys()
     assert {p.name for p in run_dir.iterdir()} >= {"config.yaml", "partition.csv", "progress.json"}
     assert log.rounds(wire.SAVE_STATE) == []  # output.checkpoint_every: 0
     err = capsys.readouterr().err
@@ -421,7 +422,7 @@ def test_run_server_writes_the_run_and_returns_the_summary_it_wrote(
 def test_run_server_without_save_model_writes_no_model(tmp_path: Path, one_thread: None) -> None:
     run_dir = tmp_path / "r"
     summary, _ = serve(small_config(tmp_path, output={"run_dir": str(run_dir), "save_model": False}))
-    assert MODEL_CHECKSUM not in summary and not (run_dir / "model.pt").exists()
+    assert "model.pt" not in summary[FILES] and not (run_dir / "model.pt").exists()
     assert (run_dir / "summary.json").is_file()
 
 
