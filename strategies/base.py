@@ -1,5 +1,6 @@
-"""The strategy contract (:class:`StrategySpec`: a server half and a client half) and its registry,
-with stock Flower strategies wrapped as specs; :mod:`fedsim.strategies` says how a strategy is made.
+"""The strategy contract (:class:`StrategySpec`: a server half, a client half and the protocol rows of its own)
+and its registry, with stock Flower strategies wrapped as specs; :mod:`fedsim.strategies` says how a strategy
+is made.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from flwr.serverapp.strategy import Strategy
 from pydantic import Field, TypeAdapter, create_model
 from pydantic.errors import PydanticInvalidForJsonSchema, PydanticSchemaGenerationError
 
+from fedsim import wire
 from fedsim.client.hooks import ClientHooks
 from fedsim.errors import RegistryError
 from fedsim.registry import PluginParams, Registry
@@ -24,11 +26,14 @@ class StrategySpec:
     """Base of every registered strategy. The class docstring's first line is its summary.
 
     The defaults are FedAvg's halves: a strategy that only changes the client sets ``Client``;
-    one whose server takes options or differs overrides :meth:`server`.
+    one whose server takes options or differs overrides :meth:`server`. A strategy that puts records or
+    keys of its own into Messages or into a client's ``Context.state`` declares each in ``protocol``
+    (``docs/protocol.md`` lists them under its name), with names of their own, none of the core's (``fedsim.wire``).
     """
 
     Params = PluginParams
     Client: ClassVar[type[ClientHooks]] = ClientHooks
+    protocol: ClassVar[tuple[wire.Key, ...]] = ()
     params: Any
 
     def __init__(self, params: PluginParams) -> None:
