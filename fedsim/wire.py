@@ -2,7 +2,7 @@
 
 One place for every key of the core, so the server and client halves cannot drift apart; :data:`PROTOCOL`
 lists them all. A strategy's own records and keys are declared in its file, as :class:`Key` rows of its
-``StrategySpec.protocol`` (``fedsim.strategies.base``), with names of their own, none of the core's,
+``StrategySpec.protocol`` (``fedsim.strategies.base``, which refuses a row that reuses a name of the core's),
 and ``docs/protocol.md`` renders the core's rows and each built-in strategy's (:func:`protocol_markdown`;
 ``python docs/gen_protocol.py > docs/protocol.md``; a test keeps the two equal). The readers at the end are how
 either side reads a key it needs: a missing one is a :class:`~fedsim.errors.ProtocolError` naming the key, the
@@ -111,6 +111,12 @@ PROTOCOL: tuple[Key, ...] = (
     Key(LOAD_STATE, "client → server", CONFIG, STATE_DIR, "str", "the directory it read from (for messages)"),
     Key("any", "both ways", PACKED, "<record name>", "str", "under a SuperLink: that ArrayRecord packed (JSON layout)"),
 )
+
+PLACEHOLDERS = frozenset({"*", "<record name>"})  # a row's key that stands for entries, not one name
+CORE_RECORDS = frozenset(k.record for k in PROTOCOL)
+CORE_NAMES = frozenset(name for k in PROTOCOL for name in (k.message, k.record, k.key)) - PLACEHOLDERS
+"""Every name the core's protocol uses (message types, records, keys): a strategy's row may name none of them
+as its own record or key (``fedsim.strategies.base.check_protocol``)."""
 
 
 def protocol_markdown(strategies: Mapping[str, tuple[str, tuple[Key, ...]]]) -> str:
