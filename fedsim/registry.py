@@ -120,13 +120,23 @@ class Registry(Generic[T]):
 
     ``adapt`` may turn an object a dotted path names that is not a ``base`` subclass into one (a
     stock Flower strategy into a fedsim strategy); it returns None for objects it does not know.
+    ``check(name, cls, registered)`` refuses a class whose declarations the kind does not accept (a
+    strategy's protocol keys) by raising :class:`~fedsim.errors.RegistryError`; every class is checked
+    whichever way it comes in (built-in, entry point or dotted path), against the entries registered so far.
     """
 
-    def __init__(self, kind: str, base: type[T], adapt: Callable[[object], type[T] | None] | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        base: type[T],
+        adapt: Callable[[object], type[T] | None] | None = None,
+        check: Callable[[str, type[T], list[Entry[T]]], None] | None = None,
+    ) -> None:
         self.kind = kind
         self.base = base
         self.group = f"fedsim.{kind}"
         self._adapt = adapt
+        self._check = check
         self._entries: dict[str, Entry[T]] = {}
         self._plugins_loaded = False
         self._plugin_names: set[str] = set()
@@ -145,12 +155,18 @@ class Registry(Generic[T]):
             params = getattr(obj, "Params", None)
             if not (isinstance(params, type) and issubclass(params, BaseModel)):
                 raise RegistryError(f"{self.kind} {name!r}: {obj.__qualname__} has no pydantic Params class")
-            return obj
-        adapted = self._adapt(obj) if self._adapt is not None else None
-        if adapted is None:
-            package = self.base.__module__.removesuffix(".base")  # where plugin authors import the base from
-            raise RegistryError(f"{self.kind} {name!r} is {obj!r}, not a {package}.{self.base.__qualname__} subclass")
-        return adapted
+            cls = obj
+        else:
+            adapted = self._adapt(obj) if self._adapt is not None else None
+            if adapted is None:
+                package = self.base.__module__.removesuffix(".base")  # where plugin authors import the base from
+                raise RegistryError(
+                    f"{self.kind} {name!r} is {obj!r}, not a {package}.{self.base.__qualname__} subclass"
+                )
+            cls = adapted
+        if self._check is not None:
+            self._check(name, cls, list(self._entries.values()))
+        return cls
 
     def _add(self, name: str, cls: type[T], source: str) -> None:
         key = normalise_name(name)
@@ -229,6 +245,10 @@ class Registry(Generic[T]):
             return True
         self._load_plugins()
         return normalise_name(name) in self._entries
+
+    def builtins(self) -> list[Entry[T]]:
+        """The entries fedsim registers itself, by name, without loading installed plugins."""
+        return sorted((e for e in self._entries.values() if e.source == "builtin"), key=lambda e: e.name)
 
     def __iter__(self) -> Iterator[Entry[T]]:
         self._load_plugins()

@@ -1,9 +1,12 @@
 """fedsim's protocol: the messages, records and keys its ServerApp and ClientApp exchange.
 
-One place for every key, so the server and client halves cannot drift apart; :data:`PROTOCOL` lists
-them all and is rendered as ``docs/protocol.md`` (``python -m fedsim.wire``; a test keeps the two
-equal). The readers at the end are how either side reads a key it needs: a missing one is a
-:class:`~fedsim.errors.ProtocolError` naming the key, the message and the node, not a ``KeyError``.
+One place for every key of the core, so the server and client halves cannot drift apart; :data:`PROTOCOL`
+lists them all. A strategy's own records and keys are declared in its file, as :class:`Key` rows of its
+``StrategySpec.protocol`` (``fedsim.strategies.base``, which refuses a row that reuses a name of the core's),
+and ``docs/protocol.md`` renders the core's rows and each built-in strategy's (:func:`protocol_markdown`;
+``python docs/gen_protocol.py > docs/protocol.md``; a test keeps the two equal). The readers at the end are how
+either side reads a key it needs: a missing one is a :class:`~fedsim.errors.ProtocolError` naming the key, the
+message and the node, not a ``KeyError``.
 """
 
 from __future__ import annotations
@@ -52,14 +55,9 @@ STATE_DIR = "state-dir"  # the server's default directory; a node_config entry o
 RUN_KEY = "run-key"  # one run's subdirectory of the state directory: "<run dir name>-<random>"
 STATE_SHA256 = "state-sha256"  # a node's answer: the SHA-256 of the state file it wrote or read ("" if none)
 
-# Strategy records: extra records beside the model in Messages, in a client's Context.state, and
-# in a server's ``server_state()`` (names of ArrayRecords and prefixes of their keys)
-PROXIMAL_MU = "proximal-mu"  # ConfigRecord entry; Flower's FedProx sends it under this name
-SCAFFOLD_C = "scaffold.c"  # server -> client: the server control variate c
-SCAFFOLD_DELTA_C = "scaffold.delta-c"  # client -> server: Δc_i = c_i⁺ − c_i
-SCAFFOLD_C_I = "scaffold.c-i"  # Context.state: the client control variate c_i
-FEDBN_LOCAL = "fedbn.local"  # Context.state: the client's own normalisation tensors
+# Records of the core's own beside the model (a strategy's records: its StrategySpec.protocol)
 PACKED = "fedsim.packed"  # ConfigRecord, between processes only: packed ArrayRecords' layout (fedsim.deploy.packing)
+CLIENT_STATE = "Context.state"  # a row's message for a record a client keeps between rounds (SAVE_STATE saves it)
 STATE_SEP = "/"  # server_state() keys are "<slot>/<tensor name>", e.g. "v_t/fc.weight"
 
 
@@ -67,8 +65,8 @@ STATE_SEP = "/"  # server_state() keys are "<slot>/<tensor name>", e.g. "v_t/fc.
 class Key:
     """One entry of the protocol: where it travels, in which record, and what it holds."""
 
-    message: str  # message type, or "node config"
-    direction: str  # "server → client", "client → server", "node"
+    message: str  # message type, "node config", "run config", or CLIENT_STATE (kept by the client, never sent)
+    direction: str  # "server → client", "client → server", "node", "client"
     record: str  # record name (ArrayRecord / ConfigRecord / MetricRecord) or "node_config"
     key: str  # the entry ("*" for every tensor of an ArrayRecord)
     kind: str
@@ -87,13 +85,10 @@ PROTOCOL: tuple[Key, ...] = (
     Key(TRAIN, "server → client", ARRAYS, "*", "ArrayRecord", "the global model's state dict"),
     Key(TRAIN, "server → client", CONFIG, SERVER_ROUND, "int", "the round"),
     Key(TRAIN, "server → client", CONFIG, RUN_CONFIG, "str", "the run's config as JSON"),
-    Key(TRAIN, "server → client", CONFIG, PROXIMAL_MU, "float", "FedProx: μ"),
-    Key(TRAIN, "server → client", SCAFFOLD_C, "*", "ArrayRecord", "SCAFFOLD: the server control variate c"),
     Key(TRAIN, "client → server", ARRAYS, "*", "ArrayRecord", "the model after local training (FedBN: no norms)"),
     Key(TRAIN, "client → server", METRICS, NUM_EXAMPLES, "int", "samples trained on (the averaging weight)"),
     Key(TRAIN, "client → server", METRICS, TRAIN_LOSS, "float", "mean training loss over the local steps"),
     Key(TRAIN, "client → server", METRICS, PARTITION_ID, "int", "who answered"),
-    Key(TRAIN, "client → server", SCAFFOLD_DELTA_C, "*", "ArrayRecord", "SCAFFOLD: Δc_i = c_i⁺ − c_i"),
     Key(EVALUATE, "server → client", ARRAYS, "*", "ArrayRecord", "the global model's state dict"),
     Key(EVALUATE, "server → client", CONFIG, SERVER_ROUND, "int", "the round"),
     Key(EVALUATE, "server → client", CONFIG, RUN_CONFIG, "str", "the run's config as JSON"),
@@ -117,15 +112,29 @@ PROTOCOL: tuple[Key, ...] = (
     Key("any", "both ways", PACKED, "<record name>", "str", "under a SuperLink: that ArrayRecord packed (JSON layout)"),
 )
 
+PLACEHOLDERS = frozenset({"*", "<record name>"})  # a row's key that stands for entries, not one name
+CORE_RECORDS = frozenset(k.record for k in PROTOCOL)
+CORE_NAMES = frozenset(name for k in PROTOCOL for name in (k.message, k.record, k.key)) - PLACEHOLDERS
+"""Every name the core's protocol uses (message types, records, keys): a strategy's row may name none of them
+as its own record or key (``fedsim.strategies.base.check_protocol``)."""
 
-def protocol_markdown() -> str:
-    """``docs/protocol.md``: the introduction and one table of :data:`PROTOCOL`."""
-    rows = "\n".join(
-        f"| `{k.message}` | {k.direction} | `{k.record}` | `{k.key}` | {k.kind} | {k.meaning} |" for k in PROTOCOL
+
+def protocol_markdown(strategies: Mapping[str, tuple[str, tuple[Key, ...]]]) -> str:
+    """``docs/protocol.md``: the introduction, the table of :data:`PROTOCOL`, and a table per strategy that
+    declares rows of its own (``strategies``: its registered name -> its summary and its rows)."""
+    header = "| message | direction | record | key | type | meaning |\n|---|---|---|---|---|---|"
+
+    def table(keys: tuple[Key, ...]) -> str:
+        rows = (f"| `{k.message}` | {k.direction} | `{k.record}` | `{k.key}` | {k.kind} | {k.meaning} |" for k in keys)
+        return "\n".join([header, *rows])
+
+    sections = "\n\n".join(
+        f"### `{name}`\n\n{summary}\n\n{table(keys)}" for name, (summary, keys) in sorted(strategies.items()) if keys
     )
     return f"""# fedsim's ServerApp / ClientApp protocol
 
-Generated from `fedsim/wire.py` (`python -m fedsim.wire > docs/protocol.md`; a test keeps them equal).
+Generated from `fedsim/wire.py` and each strategy's `protocol` (`python docs/gen_protocol.py > docs/protocol.md`;
+a test keeps them equal).
 
 A launcher (`fedsim deploy`, a compose project's `submit`) hands the ServerApp the run's config and
 whether to resume it in Flower's run config. fedsim's ServerApp first sends every node a
@@ -137,14 +146,26 @@ Checkpoints send `{SAVE_STATE}` and record the SHA-256 of each node's state file
 resumed run sends `{LOAD_STATE}` before its first round and refuses to go on unless every node read the
 file the checkpoint recorded for it (a node the checkpoint recorded no state for reads none). A client
 whose reply lacks a key below is reported by node and key; a ClientApp that has no `{QUERY_PARTITION}`
-handler (a stock Flower ClientApp) is refused before round 1. Strategy records (FedProx, SCAFFOLD)
-travel only under those strategies. Between the processes of a deployment each ArrayRecord of several
-tensors travels packed into one Array, its layout in the ConfigRecord `{PACKED}` (`fedsim/deploy/packing.py`:
-fewer objects for Flower to move one request at a time); both sides see the records unpacked.
+handler (a stock Flower ClientApp) is refused before round 1. Between the processes of a deployment each
+ArrayRecord of several tensors travels packed into one Array, its layout in the ConfigRecord `{PACKED}`
+(`fedsim/deploy/packing.py`: fewer objects for Flower to move one request at a time); both sides see the
+records unpacked.
 
-| message | direction | record | key | type | meaning |
-|---|---|---|---|---|---|
-{rows}
+## The core
+
+Every run, whatever its strategy.
+
+{table(PROTOCOL)}
+
+## Strategies
+
+A strategy's own records and keys travel only under that strategy, beside the core's. Each is declared in
+the strategy's file (`StrategySpec.protocol`), and none reuses a name of the core's. Rows of message
+`{CLIENT_STATE}` are records a client keeps in its own state between rounds: never sent, written to the
+node's state file by `{SAVE_STATE}` and read back by `{LOAD_STATE}`. A strategy not listed here sends only
+the core's rows.
+
+{sections}
 """
 
 
@@ -225,7 +246,3 @@ def error_reply(message: Message, err: Exception) -> Message:
 def failure_reply(message: Message, reason: str, code: int = CLIENT_APP_RAISED_EXCEPTION) -> Message:
     """The error reply to ``message``, saying why in one line (``reason`` with its whitespace collapsed)."""
     return Message(Error(code=code, reason=" ".join(reason.split())), reply_to=message)
-
-
-if __name__ == "__main__":
-    print(protocol_markdown(), end="")

@@ -1,5 +1,6 @@
-"""The strategy contract (:class:`StrategySpec`: a server half and a client half) and its registry,
-with stock Flower strategies wrapped as specs; :mod:`fedsim.strategies` says how a strategy is made.
+"""The strategy contract (:class:`StrategySpec`: a server half, a client half and the protocol rows of its own)
+and its registry, with stock Flower strategies wrapped as specs; :mod:`fedsim.strategies` says how a strategy
+is made.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from flwr.serverapp.strategy import Strategy
 from pydantic import Field, TypeAdapter, create_model
 from pydantic.errors import PydanticInvalidForJsonSchema, PydanticSchemaGenerationError
 
+from fedsim import wire
 from fedsim.client.hooks import ClientHooks
-from fedsim.errors import RegistryError
-from fedsim.registry import PluginParams, Registry
+from fedsim.errors import RegistryError, brief
+from fedsim.registry import Entry, PluginParams, Registry
 from fedsim.server.aggregation import FastAveraging
 from fedsim.server.strategy import EVERY_NODE, ServerSetup
 
@@ -24,11 +26,14 @@ class StrategySpec:
     """Base of every registered strategy. The class docstring's first line is its summary.
 
     The defaults are FedAvg's halves: a strategy that only changes the client sets ``Client``;
-    one whose server takes options or differs overrides :meth:`server`.
+    one whose server takes options or differs overrides :meth:`server`. A strategy that puts records or
+    keys of its own into Messages or into a client's ``Context.state`` declares each in ``protocol``
+    (``docs/protocol.md`` lists them under its name); none may reuse a name of the core's (``fedsim.wire``).
     """
 
     Params = PluginParams
     Client: ClassVar[type[ClientHooks]] = ClientHooks
+    protocol: ClassVar[tuple[wire.Key, ...]] = ()
     params: Any
 
     def __init__(self, params: PluginParams) -> None:
@@ -142,4 +147,52 @@ def wrap_flower_strategy(obj: object) -> type[StrategySpec] | None:
     )
 
 
-STRATEGIES: Registry[StrategySpec] = Registry("strategies", StrategySpec, adapt=wrap_flower_strategy)
+def declaring_class(cls: type[StrategySpec]) -> type[StrategySpec]:
+    """The class in ``cls``'s MRO whose body sets ``protocol``: a subclass that inherits its rows repeats no one's."""
+    return next(c for c in cls.__mro__ if "protocol" in vars(c))
+
+
+def own_name(row: wire.Key) -> str:
+    """The name a strategy's row gives the wire: its record's, or its key's in a record of the core's."""
+    return row.key if row.record in wire.CORE_RECORDS else row.record
+
+
+def check_protocol(name: str, cls: type[StrategySpec], registered: list[Entry[StrategySpec]]) -> None:
+    """Refuse a strategy whose ``protocol`` is not a tuple of :class:`~fedsim.wire.Key` rows, or has a row that
+    uses a name of the core's protocol (:data:`~fedsim.wire.CORE_NAMES`) as its record or key, takes a whole
+    record of the core's, repeats one of its own rows, or names a record or key another registered strategy
+    declares (one that is not its subclass or base: a SCAFFOLD subclass may send ``scaffold.c``): one line naming
+    the strategy and the key."""
+    path = f"{cls.__module__}:{cls.__qualname__}"
+    owner = f"strategy {name!r}" + ("" if name == path else f" ({path})")
+    rows = cls.protocol
+    if not isinstance(rows, tuple) or not all(isinstance(row, wire.Key) for row in rows):
+        raise RegistryError(f"{owner}: protocol must be a tuple of fedsim.wire.Key rows, got {brief(rows)}")
+    mine = declaring_class(cls)
+    others = {
+        own_name(k): entry.name
+        for entry in registered
+        if not (issubclass(mine, theirs := declaring_class(entry.obj)) or issubclass(theirs, mine))
+        for k in entry.obj.protocol
+    }
+    seen: set[tuple[str, str, str, str]] = set()
+    for row in rows:
+        row_text = f"its protocol key {row.key!r} (record {row.record!r}, message {row.message!r})"
+        taken = sorted((({row.record} - wire.CORE_RECORDS) | ({row.key} - wire.PLACEHOLDERS)) & wire.CORE_NAMES)
+        if taken or own_name(row) in wire.PLACEHOLDERS:
+            what = f"reuses the name {taken[0]!r}" if taken else f"is every entry of the record {row.record!r}"
+            raise RegistryError(
+                f"{owner}: {row_text} {what} of fedsim's core protocol (fedsim/wire.py, docs/protocol.md): give "
+                "the strategy's records and keys names of their own"
+            )
+        if own_name(row) in others:
+            raise RegistryError(f"{owner}: {row_text} is declared by strategy {others[own_name(row)]!r} too")
+        where = (row.message, row.direction, row.record, row.key)
+        if where in seen:
+            raise RegistryError(f"{owner}: {row_text} is declared twice")
+        seen.add(where)
+
+
+STRATEGIES: Registry[StrategySpec] = Registry(
+    "strategies", StrategySpec, adapt=wrap_flower_strategy, check=check_protocol
+)

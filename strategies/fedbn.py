@@ -29,6 +29,8 @@ from fedsim.server.aggregation import FastAveraging
 from fedsim.server.strategy import EVERY_NODE, ServerSetup
 from fedsim.strategies.base import STRATEGIES, StrategySpec
 
+FEDBN_LOCAL = "fedbn.local"  # Context.state: the client's own normalisation tensors
+
 
 def local_keys(model: FedsimModel) -> frozenset[str]:
     """State-dict keys of every normalisation module: parameters and buffers."""
@@ -51,11 +53,11 @@ class FedBNClient(ClientHooks["FedBNSpec.Params"]):
     """Loads the global model around its own normalisation tensors; sends everything else."""
 
     def load_global(self, model: FedsimModel, arrays: ArrayRecord, state: RecordDict) -> None:
-        if wire.FEDBN_LOCAL not in state:
+        if FEDBN_LOCAL not in state:
             load_arrays(model, arrays)
             return
         load_arrays(model, arrays, skip=local_keys(model))
-        copy_into(model.state_dict(), state[wire.FEDBN_LOCAL])
+        copy_into(model.state_dict(), state[FEDBN_LOCAL])
 
     def load_for_eval(self, model: FedsimModel, arrays: ArrayRecord, state: RecordDict) -> None:
         if self.params.evaluate == "shared":
@@ -65,7 +67,7 @@ class FedBNClient(ClientHooks["FedBNSpec.Params"]):
 
     def end_round(self, model: FedsimModel, state: RecordDict, info: RoundInfo, steps: int) -> RecordDict:
         keys = local_keys(model)
-        state[wire.FEDBN_LOCAL] = dump_arrays(model, skip=frozenset(model.state_dict()) - keys)
+        state[FEDBN_LOCAL] = dump_arrays(model, skip=frozenset(model.state_dict()) - keys)
         return RecordDict()
 
     def reply_arrays(self, model: FedsimModel, state: RecordDict) -> ArrayRecord:
@@ -77,6 +79,9 @@ class FedBNSpec(StrategySpec):
     """FedBN: normalisation layers (weights + running stats) stay local, rest FedAvg (Li et al. 2021)."""
 
     Client = FedBNClient
+    protocol = (
+        wire.Key(wire.CLIENT_STATE, "client", FEDBN_LOCAL, "*", "ArrayRecord", "the client's normalisation tensors"),
+    )
 
     class Params(StrategySpec.Params):
         evaluate: Literal["local", "shared"] = Field(

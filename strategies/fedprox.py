@@ -19,6 +19,8 @@ from fedsim.server.aggregation import FastAveraging
 from fedsim.server.strategy import EVERY_NODE, ServerSetup
 from fedsim.strategies.base import STRATEGIES, StrategySpec
 
+PROXIMAL_MU = "proximal-mu"  # ConfigRecord entry; Flower's FedProx sends it under this name
+
 
 class FedProxServer(FedProx, FastAveraging):
     """Flower's FedProx, averaging with fedsim's aggregation."""
@@ -33,7 +35,7 @@ class FedProxClient(ClientHooks["FedProxSpec.Params"]):
     def begin_round(
         self, model: FedsimModel, content: RecordDict, state: RecordDict, info: RoundInfo
     ) -> None:
-        self.mu = float(content[wire.CONFIG][wire.PROXIMAL_MU])
+        self.mu = float(content[wire.CONFIG][PROXIMAL_MU])
         self.x = [p.detach().clone() for p in model.parameters()]
 
     def extra_loss(
@@ -48,6 +50,7 @@ class FedProxSpec(StrategySpec):
     """FedProx: FedAvg + client loss (mu/2)·||w - x||² over parameters (Li et al. 2020)."""
 
     Client = FedProxClient
+    protocol = (wire.Key(wire.TRAIN, "server → client", wire.CONFIG, PROXIMAL_MU, "float", "μ"),)
 
     class Params(StrategySpec.Params):
         mu: float = Field(0.01, ge=0, description="proximal weight μ (LN-FL swept 0.001..1)")

@@ -34,6 +34,10 @@ from fedsim.server.aggregation import FastAveraging
 from fedsim.server.strategy import EVERY_NODE, ServerSetup, state_record, state_slots
 from fedsim.strategies.base import STRATEGIES, StrategySpec
 
+SCAFFOLD_C = "scaffold.c"  # server -> client: the server control variate c
+SCAFFOLD_DELTA_C = "scaffold.delta-c"  # client -> server: Δc_i = c_i⁺ − c_i
+SCAFFOLD_C_I = "scaffold.c-i"  # Context.state: the client control variate c_i
+
 
 @dataclass
 class ControlVariate:
@@ -74,7 +78,7 @@ class ScaffoldServer(FastAveraging):
         messages = list(super().configure_train(server_round, arrays, config, grid))  # keeps x
         c = self.c.to_record()
         for message in messages:
-            message.content[wire.SCAFFOLD_C] = c
+            message.content[SCAFFOLD_C] = c
         return messages
 
     def aggregate_train(
@@ -82,7 +86,7 @@ class ScaffoldServer(FastAveraging):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
         # Flower's FedAvg takes exactly one ArrayRecord per reply: this strategy's own record goes first
-        delta_c = [ControlVariate.from_record(m.content.pop(wire.SCAFFOLD_DELTA_C)) for m in replies]
+        delta_c = [ControlVariate.from_record(m.content.pop(SCAFFOLD_DELTA_C)) for m in replies]
         y_avg, metrics = super().aggregate_train(server_round, replies)  # buffers: FedAvg's average
         if y_avg is None or self.x is None or self.c is None:
             return y_avg, metrics
@@ -121,12 +125,12 @@ class ScaffoldClient(ClientHooks["ScaffoldSpec.Params"]):
     def begin_round(
         self, model: FedsimModel, content: RecordDict, state: RecordDict, info: RoundInfo
     ) -> None:
-        if wire.SCAFFOLD_C not in content:
-            raise TrainingError(f"the server sent no {wire.SCAFFOLD_C!r} record: is it running SCAFFOLD?")
+        if SCAFFOLD_C not in content:
+            raise TrainingError(f"the server sent no {SCAFFOLD_C!r} record: is it running SCAFFOLD?")
         device = next(model.parameters()).device
-        self.c = ControlVariate.from_record(content[wire.SCAFFOLD_C], device)
-        if wire.SCAFFOLD_C_I in state:
-            self.c_i = ControlVariate.from_record(state[wire.SCAFFOLD_C_I], device)
+        self.c = ControlVariate.from_record(content[SCAFFOLD_C], device)
+        if SCAFFOLD_C_I in state:
+            self.c_i = ControlVariate.from_record(state[SCAFFOLD_C_I], device)
         else:
             self.c_i = ControlVariate.zeros_like(model)
         named = list(model.named_parameters())
@@ -148,9 +152,9 @@ class ScaffoldClient(ClientHooks["ScaffoldSpec.Params"]):
                 n: c_i[n] - c[n] + (self.x[n] - y.detach()) / (steps * info.lr)
                 for n, y in model.named_parameters()
             }
-        state[wire.SCAFFOLD_C_I] = ControlVariate(c_plus).to_record()
+        state[SCAFFOLD_C_I] = ControlVariate(c_plus).to_record()
         delta = ControlVariate({n: c_plus[n] - c_i[n] for n in c_plus})
-        return RecordDict({wire.SCAFFOLD_DELTA_C: delta.to_record()})
+        return RecordDict({SCAFFOLD_DELTA_C: delta.to_record()})
 
 
 @STRATEGIES.register("scaffold")
@@ -158,6 +162,11 @@ class ScaffoldSpec(StrategySpec):
     """SCAFFOLD option II: control variates on parameters, c_i from zero (Karimireddy et al. 2020)."""
 
     Client = ScaffoldClient
+    protocol = (
+        wire.Key(wire.TRAIN, "server → client", SCAFFOLD_C, "*", "ArrayRecord", "the server control variate c"),
+        wire.Key(wire.TRAIN, "client → server", SCAFFOLD_DELTA_C, "*", "ArrayRecord", "Δc_i = c_i⁺ − c_i"),
+        wire.Key(wire.CLIENT_STATE, "client", SCAFFOLD_C_I, "*", "ArrayRecord", "the client control variate c_i"),
+    )
 
     class Params(StrategySpec.Params):
         eta_g: float = Field(1.0, gt=0, description="server learning rate η_g")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import json
 import re
 import subprocess
@@ -284,12 +285,19 @@ def test_no_flower_private_name_and_no_write_into_a_flower_module() -> None:
     assert PATCHES_FLOWER in texts and "start_client_internal.time =" in texts[PATCHES_FLOWER]
 
 
-def test_protocol_document_is_generated_from_the_wire_module() -> None:
-    # regenerate with: python -m fedsim.wire > docs/protocol.md
-    assert (REPO / "docs" / "protocol.md").read_text() == wire.protocol_markdown()
+def test_protocol_document_is_generated_from_the_wire_module_and_the_strategies() -> None:
+    # regenerate with: python docs/gen_protocol.py > docs/protocol.md
+    spec = importlib.util.spec_from_file_location("gen_protocol", REPO / "docs" / "gen_protocol.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    document = (REPO / "docs" / "protocol.md").read_text()
+    assert document == gen.protocol_document()
+    assert all(f"### `{name}`" in document for name in ("fedprox", "scaffold", "fedbn"))  # each under its own name
+    # every constant of the core's is a row of its table (a separator and a row's label aside)
     keys = {v for k, v in vars(wire).items() if k.isupper() and isinstance(v, str) and k not in ("STATE_SEP",)}
     documented = {k.key for k in wire.PROTOCOL} | {k.record for k in wire.PROTOCOL} | {k.message for k in wire.PROTOCOL}
-    assert keys - documented == {wire.SCAFFOLD_C_I, wire.FEDBN_LOCAL}  # a client's own state, never sent
+    assert keys - documented == {wire.CLIENT_STATE}  # the label of a strategy's Context.state rows
 
 
 def test_every_document_the_code_cites_is_in_the_repository() -> None:

@@ -26,6 +26,8 @@ from fedsim.evaluation import evaluate
 from fedsim.models import FedsimModel, create_model
 from fedsim.norms import create_norm
 from fedsim.strategies import STRATEGIES
+from fedsim.strategies.fedprox import PROXIMAL_MU
+from fedsim.strategies.scaffold import SCAFFOLD_C
 
 DEVICE = torch.device("meta")
 TRANSFERS = {torch.ops.aten.copy_.default, torch.ops.aten._to_copy.default}
@@ -78,7 +80,7 @@ def model_on_device(norm: str = "ln") -> FedsimModel:
 def server_content(model: FedsimModel) -> RecordDict:
     """What a round's train message carries beside the model (every strategy's records)."""
     zeros = {n: torch.zeros_like(p, device="cpu") for n, p in model.named_parameters()}
-    return RecordDict({wire.CONFIG: ConfigRecord({wire.PROXIMAL_MU: 0.1}), wire.SCAFFOLD_C: to_array_record(zeros)})
+    return RecordDict({wire.CONFIG: ConfigRecord({PROXIMAL_MU: 0.1}), SCAFFOLD_C: to_array_record(zeros)})
 
 
 def client_round(name: str, model: FedsimModel, state: RecordDict) -> ClientRound:

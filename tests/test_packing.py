@@ -18,6 +18,7 @@ from fedsim.arrays import to_array_record
 from fedsim.deploy.packing import PackedGrid, is_packed, pack, packed_transport, unpack
 from fedsim.errors import ProtocolError
 from fedsim.server.polling import PromptGrid
+from fedsim.strategies.scaffold import SCAFFOLD_C
 
 STATE = {  # every dtype and shape a model or a strategy's state sends, an empty and a 0-d tensor included
     "conv.weight": torch.randn(8, 3, 5, 5),
@@ -39,7 +40,7 @@ def task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
 def content() -> RecordDict:
     return RecordDict({
         wire.ARRAYS: to_array_record(STATE),
-        wire.SCAFFOLD_C: to_array_record({k: v * 2 for k, v in STATE.items()}),
+        SCAFFOLD_C: to_array_record({k: v * 2 for k, v in STATE.items()}),
         "one": to_array_record({"only": torch.ones(3)}),
         wire.CONFIG: ConfigRecord({wire.SERVER_ROUND: 3, wire.RUN_CONFIG: "{}"}),
         wire.METRICS: MetricRecord({wire.NUM_EXAMPLES: 32}),
@@ -62,7 +63,7 @@ def test_packing_keeps_every_byte_and_moves_few_objects() -> None:
     sent = content()
     packed = pack(sent)
     assert is_packed(packed) and not is_packed(sent)
-    assert len(packed[wire.ARRAYS]) == len(packed[wire.SCAFFOLD_C]) == 1
+    assert len(packed[wire.ARRAYS]) == len(packed[SCAFFOLD_C]) == 1
     assert packed["one"] is sent["one"] and packed[wire.CONFIG] is sent[wire.CONFIG]  # nothing to gain there
     # an object per record and two per tensor (its Array and its chunk; equal ones are one): 38 at most before;
     # after, the RecordDict, three ArrayRecords of one Array and chunk each, two records and the layout

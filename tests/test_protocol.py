@@ -1,8 +1,10 @@
 """fedsim's ServerApp / ClientApp protocol (docs/protocol.md): an app that does not speak it is named,
-with the key it lacks, instead of failing with a bare KeyError somewhere in a round."""
+with the key it lacks, instead of failing with a bare KeyError somewhere in a round; each strategy's own keys
+are declared once, in its file, and a plugin strategy's that reuse a name are refused when it is looked up."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -14,9 +16,12 @@ from fedsim.client.app import app as fedsim_client
 from fedsim.client.app import partition_reply, query_partition
 from fedsim.config_file import parse_config
 from fedsim.engines.local import InlineExecutor, LocalGrid, node_context
-from fedsim.errors import ProtocolError
+from fedsim.errors import ConfigError, ProtocolError, RegistryError
 from fedsim.experiment import resolve
 from fedsim.server.loop import run_server
+from fedsim.strategies import STRATEGIES, StrategySpec
+from fedsim.strategies.base import declaring_class
+from fedsim.strategies.scaffold import SCAFFOLD_C, ScaffoldSpec
 from tests.conftest import small_config
 
 
@@ -79,3 +84,110 @@ def test_fedsims_client_names_what_a_message_or_its_node_lacks() -> None:
         fedsim_client(query, no_partition)
     with pytest.raises(ProtocolError, match=r"'query.partition' message has no 'fedsim-config'.*fedsim's ServerApp"):
         fedsim_client(query, node_context(1, 0, 1))  # the node reads the run's data to answer
+
+
+# --- each strategy's own keys ------------------------------------------------------------------------
+
+
+def test_no_key_is_declared_twice_across_the_core_and_the_strategies() -> None:
+    declarations = {declaring_class(e.obj): e.name for e in STRATEGIES.builtins()}  # a subclass's rows are its base's
+    rows = [(None, k) for k in wire.PROTOCOL] + [(name, k) for cls, name in declarations.items() for k in cls.protocol]
+    # a row is (message, direction, record, key): the core itself sends `arrays` both ways
+    counts = Counter((k.message, k.direction, k.record, k.key) for _, k in rows)
+    assert not [where for where, n in counts.items() if n > 1]
+    core_names = {name for k in wire.PROTOCOL for name in (k.message, k.record, k.key)} - {"*", "<record name>"}
+    core_records = {k.record for k in wire.PROTOCOL}
+    owners: dict[str, str] = {}  # a strategy's record, or its key in a record of the core's -> the strategy
+    for owner, k in rows:
+        if owner is not None:
+            assert not (({k.record} - core_records) | ({k.key} - {"*"})) & core_names, (owner, k)
+            named = k.key if k.record in core_records else k.record
+            assert owners.setdefault(named, owner) == owner, (owner, k)
+    # the moved keys are their strategies' now, spelled as they always were on the wire
+    moved = ("fedprox", "scaffold", "fedbn")
+    declared = {name: {(k.record, k.key) for k in STRATEGIES.get(name).protocol} for name in moved}
+    assert declared == {
+        "fedprox": {(wire.CONFIG, "proximal-mu")},
+        "scaffold": {("scaffold.c", "*"), ("scaffold.delta-c", "*"), ("scaffold.c-i", "*")},
+        "fedbn": {("fedbn.local", "*")},
+    }
+    assert not {"PROXIMAL_MU", "SCAFFOLD_C", "SCAFFOLD_DELTA_C", "SCAFFOLD_C_I", "FEDBN_LOCAL"} & set(vars(wire))
+
+
+class SendsItsOwnRound(StrategySpec):
+    """FedAvg that also sends a config entry named as the core's round (test plugin)."""
+
+    protocol = (wire.Key(wire.TRAIN, "server → client", wire.CONFIG, wire.SERVER_ROUND, "int", "a round of its own"),)
+
+
+class KeepsARecordCalledMetrics(StrategySpec):
+    """FedAvg whose clients keep a record named as the core's metrics (test plugin)."""
+
+    protocol = (wire.Key(wire.CLIENT_STATE, "client", wire.METRICS, "*", "ArrayRecord", "its own tensors"),)
+
+
+class SendsScaffoldsC(StrategySpec):
+    """FedAvg that sends a record named as SCAFFOLD's, declared anew (test plugin)."""
+
+    protocol = (wire.Key(wire.TRAIN, "server → client", SCAFFOLD_C, "*", "ArrayRecord", "something else"),)
+
+
+class ScaffoldWithAnotherName(ScaffoldSpec):
+    """SCAFFOLD itself under a plugin's name: it inherits SCAFFOLD's rows, which are no one else's (test plugin)."""
+
+
+class ScaffoldWithMore(ScaffoldSpec):
+    """SCAFFOLD whose server also sends a record of its own: its base's rows and one more (test plugin)."""
+
+    protocol = (*ScaffoldSpec.protocol, wire.Key(wire.TRAIN, "server → client", "more.h", "*", "ArrayRecord", "h"))
+
+
+class SendsItsOwnRecord(StrategySpec):
+    """FedAvg that sends a record of its own (test plugin)."""
+
+    protocol = (wire.Key(wire.TRAIN, "server → client", "sends-its-own.x", "*", "ArrayRecord", "its own tensors"),)
+
+
+class ProtocolOfStrings(StrategySpec):
+    """A protocol written as names, not rows (test plugin)."""
+
+    protocol = ("my.key",)  # type: ignore[assignment]
+
+
+def strategy_error(tmp_path: Path, plugin: type) -> str:
+    """The one-line error of a config that names ``plugin`` (by its dotted path) as its strategy."""
+    cfg = parse_config(small_config(tmp_path, strategy={"name": f"{__name__}:{plugin.__name__}"}))
+    with pytest.raises(ConfigError) as err:
+        resolve(cfg)
+    return str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("plugin", "says"),
+    [
+        (SendsItsOwnRound, "its protocol key 'server-round' (record 'config', message 'train') reuses the name "
+         "'server-round' of fedsim's core protocol"),
+        (KeepsARecordCalledMetrics, "its protocol key '*' (record 'metrics', message 'Context.state') is every "
+         "entry of the record 'metrics' of fedsim's core protocol"),
+        (SendsScaffoldsC, "its protocol key '*' (record 'scaffold.c', message 'train') is declared by strategy "
+         "'scaffold' too"),
+        (ProtocolOfStrings, "protocol must be a tuple of fedsim.wire.Key rows, got ('my.key',)"),
+    ],
+)  # fmt: skip
+def test_a_plugin_strategy_whose_key_collides_is_refused_in_one_line_naming_it(
+    tmp_path: Path, plugin: type, says: str
+) -> None:
+    message = strategy_error(tmp_path, plugin)
+    assert "\n" not in message
+    assert message.startswith(f"strategy.name: strategy '{__name__}:{plugin.__name__}': ")
+    assert says in message
+    # registered as a built-in or an installed entry point would be, it is refused the same way, and not added
+    with pytest.raises(RegistryError, match=f"strategy 'colliding' \\({__name__}:{plugin.__name__}\\): "):
+        STRATEGIES.register("colliding")(plugin)
+    assert "colliding" not in STRATEGIES
+
+
+def test_a_plugin_strategy_with_keys_of_its_own_or_inherited_is_accepted(tmp_path: Path) -> None:
+    for plugin in (SendsItsOwnRecord, ScaffoldWithAnotherName, ScaffoldWithMore):
+        cfg = parse_config(small_config(tmp_path, strategy={"name": f"{__name__}:{plugin.__name__}"}))
+        assert type(resolve(cfg).strategy) is plugin

@@ -37,6 +37,7 @@ from fedsim.server.loop import RoundLoop, _flower_logs_quiet, run_server
 from fedsim.server.reporter import ClientScore, RoundReporter
 from fedsim.server.sampling import ClientSampler
 from fedsim.server.strategy import ServerSetup
+from fedsim.strategies.fedprox import PROXIMAL_MU
 from tests.conftest import small_config
 
 FLAKY = "tests.plugins.flaky_client:Flaky"
@@ -198,7 +199,7 @@ def test_every_message_carries_its_round_and_the_run_config_in_a_record_of_its_h
     assert [c[wire.RUN_CONFIG] for c in s.log.configs] == [s.experiment.config.to_json()] * 12
     # Flower's strategies write into the record they are given (the round; FedProx its μ for training): each hook
     # gets a fresh one, so the evaluation's messages do not carry what the training's hook wrote
-    assert [c.get(wire.PROXIMAL_MU) for c in s.log.configs] == [0.25] * 4 + [None] * 4 + [0.25] * 4
+    assert [c.get(PROXIMAL_MU) for c in s.log.configs] == [0.25] * 4 + [None] * 4 + [0.25] * 4
 
 
 def test_evaluation_scores_every_client_on_its_own_test_split(make_loop: Callable[..., Setup]) -> None:

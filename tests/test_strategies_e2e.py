@@ -25,6 +25,7 @@ from fedsim.errors import ConfigError
 from fedsim.experiment import resolve
 from fedsim.runner import run
 from fedsim.strategies import STRATEGIES
+from fedsim.strategies.fedbn import FEDBN_LOCAL
 from tests.conftest import small_config, write_config
 
 BUILTINS = [
@@ -109,7 +110,7 @@ def test_fedbn_client_evaluates_with_its_own_or_the_shared_bn(tmp_path: Path, sc
     content = RecordDict({wire.ARRAYS: to_array_record(start), wire.CONFIG: config})
     train = Message(content, dst_node_id=1, message_type="train")
     runtime.train(train, context)
-    local = context.state[wire.FEDBN_LOCAL]
+    local = context.state[FEDBN_LOCAL]
     assert "fc_norms.0.running_var" in local
 
     losses = []

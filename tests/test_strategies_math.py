@@ -32,6 +32,8 @@ from fedsim.norms import create_norm
 from fedsim.server.sampling import ClientSampler
 from fedsim.server.strategy import ServerSetup
 from fedsim.strategies import STRATEGIES
+from fedsim.strategies.fedprox import PROXIMAL_MU
+from fedsim.strategies.scaffold import SCAFFOLD_C, SCAFFOLD_C_I, SCAFFOLD_DELTA_C
 
 Respond = Callable[[Message, int, RecordDict], RecordDict]
 
@@ -129,7 +131,7 @@ def test_fedprox_gradient_is_grad_f_plus_mu_w_minus_x_on_parameters_only() -> No
     spec_ = spec("fedprox", mu=mu)
     hooks = spec_.client()
     x = {k: v.clone() for k, v in model.state_dict().items()}
-    content = RecordDict({wire.CONFIG: ConfigRecord({wire.PROXIMAL_MU: mu})})
+    content = RecordDict({wire.CONFIG: ConfigRecord({PROXIMAL_MU: mu})})
     hooks.begin_round(model, content, RecordDict(), info([1, 1, 1], lr))
     with torch.no_grad():  # local weights w != x, buffers moved far away too
         for p in model.parameters():
@@ -224,8 +226,8 @@ def test_scaffold_two_rounds_match_the_hand_computation(weighting: str) -> None:
         out = hooks.reply_arrays(model, state)
         seen[pid] = {
             "y": numpy_of(out)["classifier.weight"],
-            "delta_c": numpy_of(extra[wire.SCAFFOLD_DELTA_C])["classifier.weight"],
-            "c_i": numpy_of(state[wire.SCAFFOLD_C_I])["classifier.weight"],
+            "delta_c": numpy_of(extra[SCAFFOLD_DELTA_C])["classifier.weight"],
+            "c_i": numpy_of(state[SCAFFOLD_C_I])["classifier.weight"],
         }
         return reply(out, pid, len(y), extra)
 
@@ -276,10 +278,10 @@ def test_scaffold_two_rounds_match_the_hand_computation(weighting: str) -> None:
     assert set(sampler.sample(1)) & set(sampler.sample(2))
     for pid in range(N):
         if pid in sampler.sample(1) or pid in sampler.sample(2):
-            kept = numpy_of(clients.states[pid][wire.SCAFFOLD_C_I])["classifier.weight"]
+            kept = numpy_of(clients.states[pid][SCAFFOLD_C_I])["classifier.weight"]
             np.testing.assert_allclose(kept, c_i[pid], rtol=1e-5, atol=1e-6)
         else:
-            assert wire.SCAFFOLD_C_I not in clients.states[pid]
+            assert SCAFFOLD_C_I not in clients.states[pid]
 
 
 def test_scaffold_with_zero_control_variates_steps_like_fedavg() -> None:
@@ -289,7 +291,7 @@ def test_scaffold_with_zero_control_variates_steps_like_fedavg() -> None:
     spec_ = spec("scaffold")
     scaffold = spec_.client()
     c_zero = to_array_record({n: torch.zeros_like(p) for n, p in model.named_parameters()})
-    scaffold.begin_round(model, RecordDict({wire.SCAFFOLD_C: c_zero}), RecordDict(), info([3, 3, 2]))
+    scaffold.begin_round(model, RecordDict({SCAFFOLD_C: c_zero}), RecordDict(), info([3, 3, 2]))
     train_one(model, stream(x_u8, y, 4), LocalSgd(model.parameters(), lr=0.1), scaffold, info([3, 3, 2]))
     after_scaffold = model.state_dict()
 
@@ -309,14 +311,14 @@ def test_scaffold_control_variates_cover_parameters_not_buffers() -> None:
     c = to_array_record({n: torch.full_like(p, 0.01) for n, p in model.named_parameters()})
     state = RecordDict()
     rinfo = info([3, 3, 2], steps=2)
-    hooks.begin_round(model, RecordDict({wire.SCAFFOLD_C: c}), state, rinfo)
+    hooks.begin_round(model, RecordDict({SCAFFOLD_C: c}), state, rinfo)
     train_one(model, stream(images(8), torch.randint(0, 3, (8,)), 4), LocalSgd(model.parameters(), lr=0.1),
                 hooks, rinfo)
     extra = hooks.end_round(model, state, rinfo, 2)
     params = {n for n, _ in model.named_parameters()}
     buffers = {n for n, _ in model.named_buffers()}
     assert buffers  # running statistics exist ...
-    assert set(extra[wire.SCAFFOLD_DELTA_C]) == set(state[wire.SCAFFOLD_C_I]) == params  # ... and are not covered
+    assert set(extra[SCAFFOLD_DELTA_C]) == set(state[SCAFFOLD_C_I]) == params  # ... and are not covered
 
 
 # --- FedYogi -----------------------------------------------------------------------------------
