@@ -57,7 +57,8 @@ class Run:
         and per-class lists stay lists in their cells."""
         import pandas as pd
 
-        return pd.DataFrame.from_records(read_run(self.dir)["metrics"]).set_index("round", drop=False)
+        records = read_run(self.dir)["metrics"]  # none before the run's first evaluation: no rows, the same index
+        return pd.DataFrame.from_records(records, columns=None if records else ["round"]).set_index("round", drop=False)
 
 
 @dataclass(frozen=True)

@@ -188,3 +188,20 @@ def test_an_interrupted_run_resumes_from_python(tmp_path: Path, monkeypatch: pyt
     assert resumed.summary["resumed_from_round"] == 2
     columns = ["train_loss", "client_mean_acc", "global_acc"]
     assert resumed.metrics[columns].equals(whole.metrics[columns])
+
+
+def test_a_run_before_its_first_evaluation_has_no_metrics_rows(tmp_path: Path) -> None:
+    """Round 1 of a run evaluated every 2 rounds: no metrics.jsonl yet, read as no rows (the same index)."""
+    import numpy as np
+
+    from fedsim.config_file import parse_config
+    from fedsim.record.writer import RunDir
+
+    out = RunDir(tmp_path / "live")
+    cfg = parse_config(small_config(tmp_path))
+    out.write_config(cfg)
+    counts = np.ones((cfg.train.num_clients, 10), dtype=np.int64)
+    out.write_partition(counts, counts, [str(c) for c in range(10)])
+    out.write_progress(1, 2.3, None)
+    metrics = fedsim.open_run(out.path).metrics
+    assert len(metrics) == 0 and list(metrics.index.names) == ["round"] and "round" in metrics.columns

@@ -20,7 +20,8 @@ from fedsim.record.upgrade import upgrade_run
 from fedsim.runner import run
 from tests.conftest import small_config
 
-CHECKSUMS = ("config_sha256", "partition_sha256", "metrics_sha256", "metrics_lines", "summary_sha256")
+# what a summary of record version 1 and 2 holds that a fedsim before record versions did not write
+CHECKSUMS = ("config_sha256", "partition_sha256", "metrics_sha256", "metrics_lines", "summary_sha256", "files")
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +117,21 @@ def test_a_stopped_run_of_an_older_fedsim_resumes_without_an_upgrade(
         read_run(run_dir)
     run(resume_config(run_dir), resume=True)
     assert read_run(run_dir)["summary"]["record_version"] == RECORD_VERSION
+
+
+def test_an_older_stopped_runs_lines_are_listed_as_the_file_holds_them(finished: Path, tmp_path: Path) -> None:
+    """A stopped run of a fedsim before record versions whose metrics.jsonl has CRLF line endings and a blank
+    line (read as the same lines): the manifest lists the file's own bytes up to its round's last line, and
+    the run reads back with its numbers."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    (run_dir / "summary.json").unlink()
+    (run_dir / "model.pt").unlink(missing_ok=True)
+    (run_dir / "progress.json").write_text(json.dumps({"round": 2, "loss": 1.0, "acc": 0.5}))
+    text = "".join(json.dumps(line) + "\r\n" + ("\n" if line["round"] == 1 else "") for line in lines)
+    (run_dir / "metrics.jsonl").write_text(text, newline="")
+    assert upgrade_run(run_dir) == f"{run_dir}: progress.json upgraded to record version {RECORD_VERSION}"
+    listed = json.loads((run_dir / "progress.json").read_text())["files"]["metrics.jsonl"]
+    assert listed["size"] == len(text.encode()) - len(json.dumps(lines[2]) + "\r\n")  # rounds 1 and 2's lines
+    assert read_run(run_dir)["metrics"] == lines  # round 3's line: the one past progress.json

@@ -102,6 +102,15 @@ def test_past_progress_json_only_the_line_of_the_round_after_is_accepted(tmp_pat
         check_files(path, progress, PROGRESS, metrics_bytes(path))
 
 
+@pytest.mark.parametrize("tail", [b"\n", b"  \n", b"\r\n", b"[3]\n", b"null\n"])
+def test_a_line_past_progress_json_that_is_no_round_is_one_line(tmp_path: Path, tail: bytes) -> None:
+    path, progress, _ = written_run(tmp_path)
+    (path / "metrics.jsonl").write_bytes(b"".join((path / "metrics.jsonl").read_bytes().splitlines(True)[:1]) + tail)
+    with pytest.raises(FedsimError, match="metrics.jsonl: .* bytes where the run wrote") as err:
+        check_files(path, progress, PROGRESS, metrics_bytes(path))
+    assert "\n" not in str(err.value)
+
+
 def test_a_partition_of_another_federation_size_is_refused(tmp_path: Path) -> None:
     cfg = parse_config(small_config(tmp_path))
     check_partition(tmp_path, cfg, counts(cfg.train.num_clients))

@@ -23,7 +23,7 @@ from fedsim.config_file import read_run_config
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.files import write_file
 from fedsim.record.layout import CHECKPOINT, CONFIG, RECORD_VERSION, SUMMARY, VERSION_KEY
-from fedsim.record.manifest import DATA_FINGERPRINT, check_entry, entry_of
+from fedsim.record.manifest import DATA_FINGERPRINT, SHA256, SIZE, check_entry, entry_of
 from fedsim.record.paths import check_run_links, resolved
 from fedsim.record.reader import check_version, load_torch, read_torch_bytes
 from fedsim.record.writer import torch_bytes
@@ -101,6 +101,8 @@ class Checkpoint:
         payload = outer.get(PAYLOAD)
         if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8 or payload.dim() != 1:
             raise FedsimError(f"{path}: not a {WHAT} (no {PAYLOAD} of bytes)")
+        if type(outer.get(SIZE)) is not int or not isinstance(outer.get(SHA256), str):
+            raise FedsimError(f"{path}: not a {WHAT} (no {SIZE} and {SHA256} of its {PAYLOAD})")
         data = payload.numpy().tobytes()
         check_entry(path, data, outer, CHECKPOINT, "it is not resumed: restore the run directory, or run the "
                     "experiment again")  # fmt: skip

@@ -99,8 +99,10 @@ def check_version(path: Path, record: dict[str, Any]) -> dict[str, Any]:
     (:data:`fedsim.record.layout.RECORD_VERSION`); another is refused, naming the command that upgrades an older
     one."""
     version = record.get(VERSION_KEY)
-    if version == RECORD_VERSION:
+    if version == RECORD_VERSION and type(version) is int:
         return record
+    if version is not None and type(version) is not int:
+        raise FedsimError(f"{path}: {VERSION_KEY} {version!r} is not a record version fedsim writes (a whole number)")
     if version is None or version < RECORD_VERSION:
         raise FedsimError(
             f"{path}: a run record of version {version or 0}, older than this fedsim's ({RECORD_VERSION}): upgrade "

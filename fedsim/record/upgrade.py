@@ -38,7 +38,7 @@ from fedsim.record.paths import check_run_links, resolved
 from fedsim.record.reader import load_torch, metrics_bytes, read_metrics, read_partition, read_torch_bytes
 from fedsim.record.run import read_run
 from fedsim.record.schemas import Versioned
-from fedsim.record.writer import metrics_line, record_json
+from fedsim.record.writer import record_json
 
 
 def upgrade_run(run_dir: str | Path) -> str:
@@ -70,7 +70,7 @@ def upgrade_run(run_dir: str | Path) -> str:
             write_file(f, data, fsync=f.name == CHECKPOINT)
         try:
             read_run(path)
-        except FedsimError:
+        except BaseException:
             for f, data in before.items():  # as it was: the record disagrees with itself beyond its checksums
                 write_file(f, data)
             raise
@@ -90,7 +90,7 @@ def _upgraded(path: Path, name: str, record: dict[str, Any]) -> dict[Path, bytes
     state = load_torch(path / MODEL, model_bytes, "model") if model else None
     covered = check_legacy(path, name, record, metrics, partition, state)
     files = {CONFIG: entry_of(read_bytes(path / CONFIG, CONFIG, SUMMARY_BYTES, FedsimError)),
-             METRICS: entry_of(data[: len(b"".join(metrics_line(line) for line in covered))])}  # fmt: skip
+             METRICS: entry_of(data if name == SUMMARY else _lines_prefix(data, len(covered)))}  # fmt: skip
     if partition is not None:
         files[PARTITION] = entry_of(read_bytes(path / PARTITION, PARTITION, SUMMARY_BYTES, FedsimError))
     if model:
@@ -105,6 +105,18 @@ def _upgraded(path: Path, name: str, record: dict[str, Any]) -> dict[Path, bytes
     return rewritten
 
 
+def _lines_prefix(data: bytes, count: int) -> bytes:
+    """The bytes of metrics.jsonl (``data``) up to the end of its ``count``-th line (blank lines skipped, as
+    its reader skips them), as the file holds them."""
+    end = 0
+    for line in data.splitlines(keepends=True):
+        if count == 0:
+            break
+        end += len(line)
+        count -= bool(line.strip())
+    return data[:end]
+
+
 def _checkpoint(file: Path) -> bytes | None:
     """checkpoint.pt of an older version, checked, as this version writes it (its fields as they were); None
     if it is of this version."""
@@ -112,6 +124,8 @@ def _checkpoint(file: Path) -> bytes | None:
     if not isinstance(outer, dict):
         raise FedsimError(f"{file}: not a {WHAT} (a {type(outer).__name__}, not a mapping)")
     version = outer.get(VERSION_KEY) or 0
+    if type(version) is not int:
+        raise FedsimError(f"{file}: {VERSION_KEY} {version!r} is not a record version fedsim writes (a whole number)")
     if version > RECORD_VERSION:
         raise FedsimError(f"{file}: of record version {version}, newer than this fedsim's ({RECORD_VERSION})")
     if version == RECORD_VERSION:

@@ -90,7 +90,13 @@ def check_files(path: Path, record: dict[str, Any], source: str, metrics: bytes)
 
 def _next_round(more: bytes, last: int) -> bool:
     """``more`` (metrics.jsonl past what progress.json of round ``last`` lists) is the one line of the round after."""
-    return more.count(b"\n") == 1 and more.endswith(b"\n") and json.loads(more)["round"] == last + 1
+    if more.count(b"\n") != 1 or not more.endswith(b"\n"):
+        return False
+    try:
+        line = json.loads(more)
+    except ValueError:  # a blank line, or not JSON
+        return False
+    return isinstance(line, dict) and line.get("round") == last + 1
 
 
 def check_evaluations(
