@@ -138,7 +138,7 @@ def test_deployment_stands_on_the_core_and_nothing_below_it_reaches_up() -> None
         if subpackage(name) in ("fedsim.server", "fedsim.client"):
             assert not {d for d in deps if subpackage(d) == "fedsim.deploy"}, name
     importers = {name for name, deps in GRAPH.items() if any(subpackage(d) == "fedsim.deploy" for d in deps)}
-    assert {name for name in importers if subpackage(name) != "fedsim.deploy"} == {"fedsim.cli"}
+    assert {name for name in importers if subpackage(name) != "fedsim.deploy"} == {"fedsim.app.cli"}
 
 
 def closure(roots: list[str]) -> set[str]:
@@ -154,16 +154,16 @@ def closure(roots: list[str]) -> set[str]:
 
 
 def test_what_fedsim_run_may_load_holds_nothing_of_deploy() -> None:
-    # fedsim run calls fedsim.api; every engine's Ray workers import the core ClientApp: whatever any code
+    # fedsim run calls fedsim.app.api; every engine's Ray workers import the core ClientApp: whatever any code
     # path of theirs imports, a function's own imports included, is none of fedsim/deploy/
-    reach = closure(["fedsim.api", "fedsim.client.app", "fedsim.engines.ray_pool", "fedsim.engines.flower_sim"])
-    assert {"fedsim.runner", "fedsim.engines.local", "fedsim.server.loop", "fedsim.client.runtime"} <= reach
+    reach = closure(["fedsim.app.api", "fedsim.client.app", "fedsim.engines.ray_pool", "fedsim.engines.flower_sim"])
+    assert {"fedsim.engines.runner", "fedsim.engines.local", "fedsim.server.loop", "fedsim.client.runtime"} <= reach
     assert not {name for name in reach if subpackage(name) == "fedsim.deploy"}
 
 
 LOADED_BY_RUN = """
 import json, sys
-from fedsim.cli import main
+from fedsim.app.cli import main
 code = main(sys.argv[1:])
 import fedsim.engines.flower_sim, fedsim.engines.ray_pool  # the other engines' modules, as the driver loads them
 print(json.dumps([code, sorted(m for m in sys.modules if m.startswith("fedsim"))]))
@@ -209,10 +209,10 @@ def test_the_run_record_package_is_in_no_cycle_of_packages() -> None:
 
 def test_the_graph_sees_real_imports() -> None:
     # the walk must find what is there, or the cycle test proves nothing
-    assert "fedsim.experiment" in GRAPH["fedsim.client.runtime"]
+    assert "fedsim.experiment.resolve" in GRAPH["fedsim.client.runtime"]
     assert "fedsim.server.replies" in GRAPH["fedsim.server.loop"]
     assert "fedsim.norms.base" in GRAPH["fedsim.norms.basic"]
-    assert "fedsim.deploy.launcher" in GRAPH["fedsim.cli"]  # imported inside a function
+    assert "fedsim.deploy.launcher" in GRAPH["fedsim.app.cli"]  # imported inside a function
 
 
 def test_client_and_server_packages_do_not_import_each_other() -> None:

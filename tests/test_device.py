@@ -18,14 +18,14 @@ from torch.utils._pytree import tree_leaves
 
 from fedsim import wire
 from fedsim.arrays import to_array_record
-from fedsim.client.hooks import RoundInfo
 from fedsim.client.sgd import LocalSgd
 from fedsim.client.training import ClientRound, train_local
 from fedsim.client.vectorized import StackedForward
-from fedsim.evaluation import evaluate
 from fedsim.models import FedsimModel, create_model
+from fedsim.models.evaluation import evaluate
 from fedsim.norms import create_norm
 from fedsim.strategies import STRATEGIES
+from fedsim.strategies.hooks import RoundInfo
 
 DEVICE = torch.device("meta")
 TRANSFERS = {torch.ops.aten.copy_.default, torch.ops.aten._to_copy.default}

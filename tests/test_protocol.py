@@ -15,7 +15,7 @@ from fedsim.client.app import partition_reply, query_partition
 from fedsim.config_file import parse_config
 from fedsim.engines.local import InlineExecutor, LocalGrid, node_context
 from fedsim.errors import ProtocolError
-from fedsim.experiment import resolve
+from fedsim.experiment.resolve import resolve
 from fedsim.server.loop import run_server
 from tests.conftest import small_config
 

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.cli import main
+from fedsim.app.cli import main
 from fedsim.config_file import parse_config
+from fedsim.engines.runner import run
 from fedsim.errors import FedsimError
 from fedsim.record.claim import locked
 from fedsim.record.layout import RECORD_VERSION
 from fedsim.record.run import read_run
 from fedsim.record.upgrade import upgrade_run
-from fedsim.runner import run
 from tests.conftest import small_config
 
 CHECKSUMS = ("config_sha256", "partition_sha256", "metrics_sha256", "metrics_lines", "summary_sha256")
