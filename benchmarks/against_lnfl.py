@@ -49,7 +49,7 @@ def write_cifar_pickles(out: Path) -> None:
     """fedsim's decoded q75 CIFAR-10 in torchvision's layout (``cifar-10-batches-py``: 5 train batches,
     the test batch, the class names)."""
     from fedsim.config_file import load_config
-    from fedsim.experiment import resolve
+    from fedsim.experiment.resolve import resolve
 
     ds = resolve(load_config(CONFIG)).federation().dataset
     out.mkdir(parents=True, exist_ok=True)
@@ -114,7 +114,7 @@ def lnfl_run(lnfl: Path, work: Path, rounds: int, times: dict[str, list[float]])
 def fedsim_run(work: Path, rounds: int, times: dict[str, list[float]]) -> None:
     """Child process: ``fedsim run`` of the shipped config, its round ends and evaluation timed."""
     from fedsim.config_file import load_config
-    from fedsim.runner import run
+    from fedsim.engines.runner import run
     from fedsim.server.reporter import RoundReporter
 
     trained, round_done = RoundReporter.trained, RoundReporter.round_done

@@ -37,10 +37,10 @@ from fedsim.client.runtime import round_seed
 from fedsim.config import RunConfig
 from fedsim.config_file import parse_config
 from fedsim.data.batches import BatchStream
-from fedsim.experiment import resolve
+from fedsim.engines.runner import run
+from fedsim.experiment.resolve import resolve
 from fedsim.layout import choose_layout, usable_cores
-from fedsim.runner import run
-from fedsim.server.aggregation import aggregate_arrayrecords
+from fedsim.strategies.aggregation import aggregate_arrayrecords
 
 REPO = Path(__file__).resolve().parents[1]
 CIFAR = REPO.parent / "shared" / "datasets" / "cifar10_jpg_q75.tar.gz"
@@ -171,7 +171,7 @@ def aggregation_table(console: Console, out: Path) -> None:
     for col in ("implementation", "ms", "ratio to Flower's"):
         table.add_column(col)
     ms = {}
-    for name, fn in (("Flower's", flower_aggregate), ("fedsim.server.aggregation", aggregate_arrayrecords)):
+    for name, fn in (("Flower's", flower_aggregate), ("fedsim.strategies.aggregation", aggregate_arrayrecords)):
         fn(records, "num-examples")
         t0 = time.perf_counter()
         for _ in range(20):

@@ -82,7 +82,7 @@ def run_cell(cfg: dict[str, object], out: Path) -> dict[str, float]:
     """Run one cell as its own process; its steady s / round and peak memory (MiB)."""
     path = out / f"{cfg['name']}.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    cmd = [sys.executable, "-c", "from fedsim.cli import main; main()", "run", str(path)]
+    cmd = [sys.executable, "-c", "from fedsim.app.cli import main; main()", "run", str(path)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     driver_hwm = all_pss = 0
     while proc.poll() is None:

@@ -183,7 +183,7 @@ def _option(name: str, field: FieldInfo) -> str:
 def plugin_reference() -> str:
     """Every built-in plugin, by kind, as ``fedsim list`` shows it: name, summary, options with their defaults,
     ranges and descriptions (each plugin's ``Params``)."""
-    from fedsim.plugins import ALL_REGISTRIES  # imports torch and Flower: only when the plugins are asked for
+    from fedsim.app.plugins import ALL_REGISTRIES  # imports torch and Flower: only when the plugins are asked for
 
     lines: list[str] = []
     for kind, registry in ALL_REGISTRIES.items():

@@ -7,7 +7,7 @@ From Python::
     result = fedsim.run("configs/quickstart.yaml", ["train.rounds=5"])
     result.summary["final_client_mean_acc"], result.metrics
 
-:mod:`fedsim.api` has the whole public API; its names are imported here on first use, so that
+:mod:`fedsim.app.api` has the whole public API; its names are imported here on first use, so that
 ``import fedsim`` (and every ``fedsim`` command, which imports this package) stays instant.
 """
 
@@ -23,7 +23,7 @@ __all__ = ["FedsimError", *_API]
 
 def __getattr__(name: str) -> Any:
     if name in _API:
-        from fedsim import api
+        from fedsim.app import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'fedsim' has no attribute {name!r}")

@@ -4,7 +4,7 @@ The sections are typed here; :mod:`fedsim.config_file` reads a file (YAML, ``--s
 words their errors. Plugins (the dataset, the partitioner, the model, its normaliser, the
 strategy) are written one way, ``{name: ..., <options>}`` or just the name (:class:`PluginBlock`);
 their options belong to the plugin and are validated against its own ``Params`` once, by
-:func:`fedsim.experiment.resolve`, so this module imports no plugin.
+:func:`fedsim.experiment.resolve.resolve`, so this module imports no plugin.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class PluginBlock(BaseModel):
     @model_validator(mode="after")
     def _plain_options(self) -> PluginBlock:
         for key, value in (self.model_extra or {}).items():
-            try:  # fedsim.experiment.resolve passes them through JSON (an API caller's mapping may hold anything)
+            try:  # experiment/resolve.py passes them through JSON (an API caller's mapping may hold anything)
                 json.dumps(to_jsonable_python(value))
             except ValueError:  # an int of more than 4,300 digits, an object JSON has no form for, a list in itself
                 raise PydanticCustomError(
@@ -354,7 +354,7 @@ PROBE_SIZE = 256  # the probe batch when diagnostics.probe_size is not given (an
 
 
 class DiagnosticsConfig(_Strict):
-    """What ``fedsim.diagnostics`` measures on a fixed probe batch at each evaluation (all off: free)."""
+    """What ``fedsim.experiment.diagnostics`` measures on a fixed probe batch at each evaluation (all off: free)."""
 
     features: bool = Field(
         False, description="penultimate-feature singular values, effective rank, feature and class norms"

@@ -252,7 +252,7 @@ def read_run_config(path: Path, overrides: list[str] | None = None, read_back: b
 
 
 def parse_config(raw: dict[str, Any], read_back: bool = False) -> RunConfig:
-    """Validate a config mapping's sections (plugin options: :func:`fedsim.experiment.resolve`); ``read_back``:
+    """Validate a config mapping's sections (plugin options: :func:`fedsim.experiment.resolve.resolve`); ``read_back``:
     a run directory's, read only (:data:`fedsim.config.READ_BACK`)."""
     try:
         return RunConfig.model_validate(raw, context={READ_BACK: read_back})

@@ -22,7 +22,7 @@ from typing import overload
 from fedsim.errors import EnvironmentFault
 
 # A child process loads what a run loads before the command itself does (check_libraries_load)
-LIBRARIES_PROBE = "import fedsim.runner"
+LIBRARIES_PROBE = "import fedsim.engines.runner"
 LIBRARIES_LOAD_S = 120.0  # what takes a few seconds (beside two busy processes, 20): a child that spins is stopped
 # The longest path of a socket Ray makes in its temp directory (its session's name holds a time and a pid of up
 # to 7 digits); AF_UNIX takes at most 107 bytes

@@ -15,11 +15,11 @@ from pydantic import Field, TypeAdapter, create_model
 from pydantic.errors import PydanticInvalidForJsonSchema, PydanticSchemaGenerationError
 
 from fedsim import wire
-from fedsim.client.hooks import ClientHooks
 from fedsim.errors import RegistryError, brief
 from fedsim.registry import Entry, PluginParams, Registry
-from fedsim.server.aggregation import FastAveraging
-from fedsim.server.strategy import EVERY_NODE, ServerSetup
+from fedsim.strategies.aggregation import FastAveraging
+from fedsim.strategies.hooks import ClientHooks
+from fedsim.strategies.server_half import EVERY_NODE, ServerSetup
 
 
 class StrategySpec:

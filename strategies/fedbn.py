@@ -22,12 +22,12 @@ from pydantic import Field
 
 from fedsim import wire
 from fedsim.arrays import copy_into, dump_arrays, load_arrays
-from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.models import FedsimModel
 from fedsim.norms import norm_modules
-from fedsim.server.aggregation import FastAveraging
-from fedsim.server.strategy import EVERY_NODE, ServerSetup
+from fedsim.strategies.aggregation import FastAveraging
 from fedsim.strategies.base import STRATEGIES, StrategySpec
+from fedsim.strategies.hooks import ClientHooks, RoundInfo
+from fedsim.strategies.server_half import EVERY_NODE, ServerSetup
 
 FEDBN_LOCAL = "fedbn.local"  # Context.state: the client's own normalisation tensors
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from fedsim.client.hooks import ClientHooks
 from fedsim.models import FedsimModel
 from fedsim.strategies.base import STRATEGIES, StrategySpec
+from fedsim.strategies.hooks import ClientHooks
 
 EPS = 1e-8  # the authors' constant
 

@@ -12,9 +12,9 @@ import torch
 from flwr.app import RecordDict
 from pydantic import Field
 
-from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.models import FedsimModel
 from fedsim.strategies.base import STRATEGIES, StrategySpec
+from fedsim.strategies.hooks import ClientHooks, RoundInfo
 
 
 def calibration_margin(class_counts: torch.Tensor, tau: float) -> torch.Tensor:

@@ -13,11 +13,11 @@ from flwr.serverapp.strategy import FedProx, Strategy
 from pydantic import Field
 
 from fedsim import wire
-from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.models import FedsimModel
-from fedsim.server.aggregation import FastAveraging
-from fedsim.server.strategy import EVERY_NODE, ServerSetup
+from fedsim.strategies.aggregation import FastAveraging
 from fedsim.strategies.base import STRATEGIES, StrategySpec
+from fedsim.strategies.hooks import ClientHooks, RoundInfo
+from fedsim.strategies.server_half import EVERY_NODE, ServerSetup
 
 PROXIMAL_MU = "proximal-mu"  # ConfigRecord entry; Flower's FedProx sends it under this name
 

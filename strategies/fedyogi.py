@@ -20,9 +20,9 @@ from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, field
 from pydantic_core import PydanticCustomError
 
 from fedsim.arrays import array_view, ndarray_to_array
-from fedsim.server.aggregation import FastAveraging
-from fedsim.server.strategy import EVERY_NODE, ServerSetup
+from fedsim.strategies.aggregation import FastAveraging
 from fedsim.strategies.base import STRATEGIES, StrategySpec
+from fedsim.strategies.server_half import EVERY_NODE, ServerSetup
 from fedsim.strategies.server_opt import AdaptiveParams, FedOptState
 
 

@@ -7,7 +7,7 @@ Server: x ← x + η_g·avg(y_i − x) on parameters with ``weighting`` samples 
 uniform; buffers are FedAvg's sample-weighted average, never corrected; c ← c + (|S|/N)·mean(Δc_i).
 
 Control variates cover the trainable parameters only (``model.named_parameters()``; the server
-takes the names from its :class:`~fedsim.server.strategy.ServerSetup`). The c_i⁺ formula assumes plain SGD: with
+takes the names from its :class:`~fedsim.strategies.server_half.ServerSetup`). The c_i⁺ formula assumes plain SGD: with
 ``train.momentum`` or ``train.weight_decay`` set, K·η_l no longer measures the step.
 """
 
@@ -27,12 +27,12 @@ from torch import nn
 
 from fedsim import wire
 from fedsim.arrays import array_view, tensor_to_array, to_array_record
-from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.errors import TrainingError
 from fedsim.models import FedsimModel
-from fedsim.server.aggregation import FastAveraging
-from fedsim.server.strategy import EVERY_NODE, ServerSetup, state_record, state_slots
+from fedsim.strategies.aggregation import FastAveraging
 from fedsim.strategies.base import STRATEGIES, StrategySpec
+from fedsim.strategies.hooks import ClientHooks, RoundInfo
+from fedsim.strategies.server_half import EVERY_NODE, ServerSetup, state_record, state_slots
 
 SCAFFOLD_C = "scaffold.c"  # server -> client: the server control variate c
 SCAFFOLD_DELTA_C = "scaffold.delta-c"  # client -> server: Δc_i = c_i⁺ − c_i

@@ -13,9 +13,9 @@ from flwr.app import ArrayRecord
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvgM, Strategy
 from pydantic import Field
 
-from fedsim.server.aggregation import FastAveraging
-from fedsim.server.strategy import EVERY_NODE, ServerSetup, state_record, state_slots
+from fedsim.strategies.aggregation import FastAveraging
 from fedsim.strategies.base import STRATEGIES, StrategySpec
+from fedsim.strategies.server_half import EVERY_NODE, ServerSetup, state_record, state_slots
 
 
 class AdaptiveParams(StrategySpec.Params):

@@ -122,7 +122,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def run_cli(capsys: pytest.CaptureFixture[str], path: Path, *overrides: str) -> tuple[int, str]:
     """``fedsim run PATH [--set OVERRIDES]`` in this process: its exit status and what it wrote to stderr."""
-    from fedsim.cli import main
+    from fedsim.app.cli import main
 
     argv = ["run", str(path)] + (["--set", *overrides] if overrides else [])
     code = main(argv)

@@ -12,7 +12,7 @@ import signal
 import sys
 from typing import Any
 
-from fedsim.cli import main
+from fedsim.app.cli import main
 from fedsim.server.reporter import RoundReporter
 
 

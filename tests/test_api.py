@@ -11,7 +11,7 @@ import pytest
 from flwr.app import ArrayRecord
 
 import fedsim
-from fedsim.cli import main
+from fedsim.app.cli import main
 from fedsim.config import RunConfig
 from fedsim.errors import ConfigError
 from fedsim.server.reporter import RoundReporter

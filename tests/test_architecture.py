@@ -1,7 +1,7 @@
-"""The architecture, checked from the code: no import cycle between modules or between packages, the client
-and server packages apart, deployment on top of the core and never loaded by ``fedsim run``, no reliance on
-Flower's private names or writes into Flower's modules, the protocol document equal to its source, and every
-document a docstring cites present in the repository."""
+"""The architecture, checked from the code: no import cycle between modules or between packages (the top-level
+folder a floor that imports no subpackage), the client and server packages apart, deployment on top of the core
+and never loaded by ``fedsim run``, no reliance on Flower's private names or writes into Flower's modules, the
+protocol document equal to its source, and every document a docstring cites present in the repository."""
 
 from __future__ import annotations
 
@@ -107,25 +107,41 @@ def subpackage(name: str) -> str:
     return ".".join(parts[:2]) if len(parts) > 2 or MODULES[name].name == "__init__.py" else "fedsim"
 
 
-# The top-level modules are both the floor every subpackage stands on (errors, wire, config, registry) and
-# the one above them all (cli, api, runner, experiment): as one folder they are in a cycle with each
-# subpackage, so the package check leaves them out.
+# The top-level folder (fedsim/*.py) is the floor every subpackage stands on (errors, wire, config, files,
+# reading, registry, ...): it imports no subpackage, and is one package of the cycle check like the others.
+# The one exception is fedsim/__init__.py, the package's face: it re-exports the Python API of fedsim/app/
+# (fedsim.run, fedsim.open_run, ...), and no module imports it for anything but that.
 TOP = "fedsim"
+FACE = "fedsim"  # fedsim/__init__.py
 
 
-def test_no_import_cycle_among_fedsims_subpackages() -> None:
-    # a cycle of folders: a file of server/ importing engines/ while a file of engines/ imports server/
+def test_the_top_level_folder_is_a_floor_that_imports_no_subpackage() -> None:
+    reaching_up = {
+        name: sorted(d for d in deps if subpackage(d) != TOP)
+        for name, deps in GRAPH.items()
+        if subpackage(name) == TOP and name != FACE
+    }
+    assert "fedsim.errors" in reaching_up and "fedsim.wire" in reaching_up  # the walk sees the top level
+    reaching_up = {name: deps for name, deps in reaching_up.items() if deps}
+    assert not reaching_up, f"top-level modules importing a subpackage (move them to one): {reaching_up}"
+
+
+def test_no_import_cycle_among_fedsims_packages() -> None:
+    # a cycle of folders: a file of server/ importing engines/ while a file of engines/ imports server/; the
+    # top-level folder is one of them (fedsim/__init__.py aside, above: the face, not the floor)
     crossings: dict[tuple[str, str], list[str]] = {}
     for name, deps in GRAPH.items():
+        if name == FACE:
+            continue
         for dep in deps:
             here, there = subpackage(name), subpackage(dep)
-            if TOP not in (here, there) and here != there:
+            if here != there:
                 crossings.setdefault((here, there), []).append(f"{name} -> {dep}")
     graph: dict[str, set[str]] = {subpackage(name): set() for name in GRAPH}
-    graph.pop(TOP)
     for here, there in crossings:
         graph[here].add(there)
-    assert {"fedsim.server", "fedsim.client", "fedsim.deploy", "fedsim.engines", "fedsim.strategies"} <= set(graph)
+    assert {TOP, "fedsim.server", "fedsim.client", "fedsim.deploy", "fedsim.engines", "fedsim.strategies"} <= set(graph)
+    assert {TOP, "fedsim.experiment"} <= graph["fedsim.client"]  # the walk sees the crossings
     cycles = strongly_connected(graph)
     causes = [edge for cycle in cycles for (a, b), edges in crossings.items() if {a, b} <= set(cycle) for edge in edges]
     assert not cycles, f"package import cycles {cycles}, through: {causes}"
@@ -139,7 +155,7 @@ def test_deployment_stands_on_the_core_and_nothing_below_it_reaches_up() -> None
         if subpackage(name) in ("fedsim.server", "fedsim.client"):
             assert not {d for d in deps if subpackage(d) == "fedsim.deploy"}, name
     importers = {name for name, deps in GRAPH.items() if any(subpackage(d) == "fedsim.deploy" for d in deps)}
-    assert {name for name in importers if subpackage(name) != "fedsim.deploy"} == {"fedsim.cli"}
+    assert {name for name in importers if subpackage(name) != "fedsim.deploy"} == {"fedsim.app.cli"}
 
 
 def closure(roots: list[str]) -> set[str]:
@@ -155,16 +171,16 @@ def closure(roots: list[str]) -> set[str]:
 
 
 def test_what_fedsim_run_may_load_holds_nothing_of_deploy() -> None:
-    # fedsim run calls fedsim.api; every engine's Ray workers import the core ClientApp: whatever any code
+    # fedsim run calls fedsim.app.api; every engine's Ray workers import the core ClientApp: whatever any code
     # path of theirs imports, a function's own imports included, is none of fedsim/deploy/
-    reach = closure(["fedsim.api", "fedsim.client.app", "fedsim.engines.ray_pool", "fedsim.engines.flower_sim"])
-    assert {"fedsim.runner", "fedsim.engines.local", "fedsim.server.loop", "fedsim.client.runtime"} <= reach
+    reach = closure(["fedsim.app.api", "fedsim.client.app", "fedsim.engines.ray_pool", "fedsim.engines.flower_sim"])
+    assert {"fedsim.engines.runner", "fedsim.engines.local", "fedsim.server.loop", "fedsim.client.runtime"} <= reach
     assert not {name for name in reach if subpackage(name) == "fedsim.deploy"}
 
 
 LOADED_BY_RUN = """
 import json, sys
-from fedsim.cli import main
+from fedsim.app.cli import main
 code = main(sys.argv[1:])
 import fedsim.engines.flower_sim, fedsim.engines.ray_pool  # the other engines' modules, as the driver loads them
 print(json.dumps([code, sorted(m for m in sys.modules if m.startswith("fedsim"))]))
@@ -210,10 +226,10 @@ def test_the_run_record_package_is_in_no_cycle_of_packages() -> None:
 
 def test_the_graph_sees_real_imports() -> None:
     # the walk must find what is there, or the cycle test proves nothing
-    assert "fedsim.experiment" in GRAPH["fedsim.client.runtime"]
+    assert "fedsim.experiment.resolve" in GRAPH["fedsim.client.runtime"]
     assert "fedsim.server.replies" in GRAPH["fedsim.server.loop"]
     assert "fedsim.norms.base" in GRAPH["fedsim.norms.basic"]
-    assert "fedsim.deploy.launcher" in GRAPH["fedsim.cli"]  # imported inside a function
+    assert "fedsim.deploy.launcher" in GRAPH["fedsim.app.cli"]  # imported inside a function
 
 
 def test_client_and_server_packages_do_not_import_each_other() -> None:

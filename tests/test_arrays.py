@@ -12,13 +12,12 @@ from flwr.serverapp.strategy import FedAvg, fedavg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords as flower_aggregate
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedsim import server
 from fedsim.arrays import array_view, copy_into, ndarray_to_array, tensor_to_array
 from fedsim.config_file import parse_config
-from fedsim.runner import run
-from fedsim.server.aggregation import BLOCK, FastAveraging, aggregate_arrayrecords
-from fedsim.server.strategy import ServerSetup
-from fedsim.strategies import STRATEGIES
+from fedsim.engines.runner import run
+from fedsim.strategies import STRATEGIES, aggregation
+from fedsim.strategies.aggregation import BLOCK, FastAveraging, aggregate_arrayrecords
+from fedsim.strategies.server_half import ServerSetup
 from tests.conftest import small_config
 
 ARRAYS = {
@@ -109,8 +108,8 @@ def test_fast_averaging_is_flowers_fedavg_with_fedsims_aggregation(monkeypatch: 
     messages = reply_messages(replies([100, 300], seed=7))
     flower_arrays, flower_metrics = FedAvg().aggregate_train(1, messages)
     calls = []
-    fast = server.aggregation.aggregate_arrayrecords
-    monkeypatch.setattr(server.aggregation, "aggregate_arrayrecords", lambda *a: calls.append(1) or fast(*a))
+    fast = aggregation.aggregate_arrayrecords
+    monkeypatch.setattr(aggregation, "aggregate_arrayrecords", lambda *a: calls.append(1) or fast(*a))
     ours, metrics = FastAveraging().aggregate_train(1, messages)
     assert calls == [1]
     assert {k: a.data for k, a in ours.items()} == {k: a.data for k, a in flower_arrays.items()}

@@ -24,7 +24,7 @@ import pytest
 import torch
 import yaml
 
-from fedsim.cli import main
+from fedsim.app.cli import main
 from tests.conftest import small_config, write_config
 
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from fedsim.cli import main
+from fedsim.app.cli import main
 from fedsim.config_file import parse_config
+from fedsim.engines.runner import run
 from fedsim.errors import ConfigError
-from fedsim.runner import run
 from fedsim.sweep.plan import plan
 from tests.conftest import small_config, write_config
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from fedsim.config_file import parse_config
+from fedsim.engines.runner import run
 from fedsim.errors import TrainingError
-from fedsim.runner import run
 from fedsim.server.replies import describe_failures
 from fedsim.server.reporter import ClientsLeftOut
 from tests.conftest import small_config

@@ -21,7 +21,7 @@ from fedsim.client.runtime import ClientRuntime, config_of, prepare, round_seed,
 from fedsim.config_file import parse_config
 from fedsim.data.batches import BatchStream, to_float
 from fedsim.engines.local import identify_as_server, node_context, node_id_of
-from fedsim.experiment import resolve
+from fedsim.experiment.resolve import resolve
 from fedsim.layout import usable_cores
 from fedsim.models import FedsimModel
 from tests.conftest import small_config

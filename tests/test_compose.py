@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedsim.cli import main
+from fedsim.app.cli import main
 from fedsim.config_file import load_config
 from fedsim.deploy.compose import compose_topology
 from fedsim.errors import ConfigError

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.cli import main
+from fedsim.app.cli import main
 from fedsim.config_file import load_config
 from tests.conftest import run_cli, small_config, write_config
 
@@ -72,7 +72,7 @@ def test_bad_config_is_one_clear_message(
 def test_set_given_twice_adds_up(head: list[str]) -> None:
     """``--set a=1 --set b=2`` sets both: argparse's default for an option given twice is the last list alone,
     which silently dropped ``a=1``."""
-    from fedsim.cli import build_parser
+    from fedsim.app.cli import build_parser
 
     args = build_parser().parse_args([*head, "--set", "train.rounds=1", "eval.every=1", "--set", "seed=3"])
     assert args.set == ["train.rounds=1", "eval.every=1", "seed=3"]
@@ -91,7 +91,7 @@ def test_set_given_twice_runs_with_both(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_compose_tls_host_given_twice_adds_up() -> None:
-    from fedsim.cli import build_parser
+    from fedsim.app.cli import build_parser
 
     args = build_parser().parse_args(["compose", "c.yaml", "--tls-host", "a.example", "--tls-host", "b.example"])
     assert args.tls_host == ["a.example", "b.example"]
@@ -101,7 +101,7 @@ def _single_value_options() -> list[tuple[str, str, str, str]]:
     """(command, option, a value, another value) for every option of every command that takes one value."""
     import argparse
 
-    from fedsim.cli import build_parser
+    from fedsim.app.cli import build_parser
 
     values = {int: ("1", "2"), float: ("0.5", "0.9")}
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
@@ -126,7 +126,7 @@ def test_an_option_taking_one_value_given_twice_is_refused(
 ) -> None:
     """argparse keeps the last of ``--target 0.5 --target 0.9`` (``--out a --out b``) and drops the first in
     silence, as ``--set`` given twice did: the user's first value is lost without a word."""
-    from fedsim.cli import build_parser
+    from fedsim.app.cli import build_parser
 
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args([command, "x", option, first, option, second])
@@ -241,7 +241,7 @@ def test_bad_override_syntax(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_cli_process_exit_code_and_no_traceback(tmp_path: Path) -> None:
     path = write_config(tmp_path, small_config(tmp_path, train={"lr": -1}))
     proc = subprocess.run(
-        [sys.executable, "-m", "fedsim.cli", "run", str(path)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "fedsim.app.cli", "run", str(path)], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 2
     assert "train.lr" in proc.stderr and "Traceback" not in proc.stderr

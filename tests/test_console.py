@@ -1,13 +1,13 @@
-"""The console's run summary (fedsim.console.summary_table): the numbers a researcher reads, not the values the
+"""The console's run summary (fedsim.server.console.summary_table): the numbers a researcher reads, not the values the
 record keeps for fedsim to check its files against."""
 
 from __future__ import annotations
 
 from rich.console import Console
 
-from fedsim.console import summary_table
 from fedsim.record.layout import RECORD_VERSION, VERSION_KEY
 from fedsim.record.manifest import DATA_FINGERPRINT, FILES, SUMMARY_CHECKSUM
+from fedsim.server.console import summary_table
 
 
 def test_the_summary_table_shows_the_numbers_and_none_of_the_checks() -> None:

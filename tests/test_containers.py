@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from fedsim.config_file import load_config
+from fedsim.engines.runner import run
 from fedsim.record.checkpoint import Checkpoint
-from fedsim.runner import run
 from tests.container_support import (
     NETNS,
     TEST_UID,
@@ -95,7 +95,7 @@ def write_project(tmp_path: Path, *settings: str, options: tuple[str, ...] = (),
     """``fedsim compose`` through the CLI, as a user types it (``tests.plugins`` importable, for their strategies);
     ``short``: with ``SHORT``'s rounds (a setting may be given once)."""
     out = tmp_path / "project"
-    cmd = [sys.executable, "-m", "fedsim.cli", "compose", str(QUICKSTART), "--nodes", "3", "--out", str(out),
+    cmd = [sys.executable, "-m", "fedsim.app.cli", "compose", str(QUICKSTART), "--nodes", "3", "--out", str(out),
            *options, "--set", *(SHORT if short else []), *settings]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)

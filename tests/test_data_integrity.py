@@ -21,13 +21,14 @@ import pytest
 import torch
 from flwr.app import Context, Message
 
-from fedsim import federation, wire
-from fedsim.cli import main
+from fedsim import wire
+from fedsim.app.cli import main
 from fedsim.client import app as client_app
 from fedsim.client.app import app as fedsim_client
 from fedsim.data import load_dataset
 from fedsim.data.fingerprint import fingerprint
 from fedsim.errors import DataError
+from fedsim.experiment import federation
 from fedsim.record.checkpoint import PAYLOAD, checkpoint_bytes
 from fedsim.record.layout import CHECKPOINT
 from fedsim.record.manifest import DATA_FINGERPRINT

@@ -18,9 +18,9 @@ import yaml
 
 from fedsim.config import RunConfig
 from fedsim.config_file import parse_config
+from fedsim.engines.runner import run
 from fedsim.ports import free_port
 from fedsim.record.checkpoint import Checkpoint
-from fedsim.runner import run
 from tests.conftest import REPO, small_config, write_config
 
 pytestmark = pytest.mark.slow
@@ -46,7 +46,7 @@ def fedsim_deploy(cwd: Path, *args: str, sigint_ignored: bool = False) -> subpro
     # and ClientApps import, and the command runs in cwd, outside the repository
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     return subprocess.Popen(
-        [sys.executable, "-m", "fedsim.cli", "deploy", *args], cwd=cwd, text=True,
+        [sys.executable, "-m", "fedsim.app.cli", "deploy", *args], cwd=cwd, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path},
         preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
     )  # fmt: skip
@@ -183,7 +183,7 @@ def test_a_killed_serverapp_ends_the_deploy_with_its_log_and_stops_every_process
 
 def test_deploy_resume_refuses_what_it_cannot_continue(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Each in one line, before any process starts, as `fedsim run --resume` says it (tests/test_resume.py)."""
-    from fedsim.cli import main
+    from fedsim.app.cli import main
 
     def error(*argv: str) -> str:
         assert main(["deploy", *argv]) == 2

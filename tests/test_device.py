@@ -18,15 +18,15 @@ from torch.utils._pytree import tree_leaves
 
 from fedsim import wire
 from fedsim.arrays import to_array_record
-from fedsim.client.hooks import RoundInfo
 from fedsim.client.sgd import LocalSgd
 from fedsim.client.training import ClientRound, train_local
 from fedsim.client.vectorized import StackedForward
-from fedsim.evaluation import evaluate
 from fedsim.models import FedsimModel, create_model
+from fedsim.models.evaluation import evaluate
 from fedsim.norms import create_norm
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.fedprox import PROXIMAL_MU
+from fedsim.strategies.hooks import RoundInfo
 from fedsim.strategies.scaffold import SCAFFOLD_C
 
 DEVICE = torch.device("meta")

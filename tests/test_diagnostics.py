@@ -1,4 +1,4 @@
-"""Diagnostics (fedsim.diagnostics) against the anchors of specs/pln-and-isometry.md, and ``fedsim plot``."""
+"""Diagnostics (fedsim.experiment.diagnostics) against the anchors of specs/pln-and-isometry.md, and ``fedsim plot``."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ import torch
 from PIL import Image
 from torch import nn
 
-from fedsim.cli import main
+from fedsim.app.cli import main
 from fedsim.config import DiagnosticsConfig
 from fedsim.config_file import parse_config
-from fedsim.diagnostics import (
+from fedsim.engines.runner import run
+from fedsim.errors import ConfigError
+from fedsim.experiment.diagnostics import (
     ProbeDiagnostics,
     effective_rank,
     gram,
@@ -25,12 +27,10 @@ from fedsim.diagnostics import (
     probe_images,
     singular_values,
 )
-from fedsim.errors import ConfigError
-from fedsim.experiment import resolve
+from fedsim.experiment.resolve import resolve
 from fedsim.models import create_model
 from fedsim.norms import create_norm
 from fedsim.record.reader import read_metrics
-from fedsim.runner import run
 from tests.conftest import small_config
 
 ALL_ON = {"features": True, "isometry": True, "grad_norms": True}
@@ -243,11 +243,11 @@ def test_fedsim_plot_draws_rounds_on_a_log_scale_and_marks_reference_accuracies(
 ) -> None:
     from matplotlib.figure import Figure
 
-    import fedsim.plots
+    import fedsim.app.plots
 
     saved: dict[str, Figure] = {}
-    save = fedsim.plots._save
-    monkeypatch.setattr(fedsim.plots, "_save", lambda fig, path: (saved.update({path.name: fig}), save(fig, path)))
+    save = fedsim.app.plots._save
+    monkeypatch.setattr(fedsim.app.plots, "_save", lambda fig, path: (saved.update({path.name: fig}), save(fig, path)))
     args = ["--log-rounds", "--reference", "LN-FL FedLN=78.04", "--reference", "LN-FL FedAvg=56.82"]
     assert main(["plot", *map(str, runs.values()), "--out", str(tmp_path / "plots"), *args]) == 0
     (acc,) = saved["accuracy.png"].axes

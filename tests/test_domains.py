@@ -13,13 +13,13 @@ import pytest
 import torch
 from PIL import Image
 
-from fedsim.cli import main
+from fedsim.app.cli import main
 from fedsim.config_file import parse_config
 from fedsim.data import load_dataset
 from fedsim.data.domains import in_test_split
+from fedsim.engines.runner import run
 from fedsim.errors import DataError
 from fedsim.partitions import PARTITIONERS, Labels, Partition
-from fedsim.runner import run
 from tests.conftest import MNIST_SMALL, small_config, write_config
 
 DOMAINS = ["art_painting", "cartoon", "photo", "sketch"]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fedsim.config_file import parse_config
-from fedsim.runner import run
+from fedsim.engines.runner import run
 from tests.conftest import small_config
 
 

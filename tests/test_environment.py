@@ -33,7 +33,7 @@ def run_cli(
 ) -> tuple[int, list[str]]:
     """``fedsim run`` on ``cfg`` as a user starts it: its exit status and its stderr's lines."""
     res = subprocess.run(
-        [sys.executable, "-m", "fedsim.cli", "run", str(write_config(tmp_path, cfg))], cwd=cwd, text=True,
+        [sys.executable, "-m", "fedsim.app.cli", "run", str(write_config(tmp_path, cfg))], cwd=cwd, text=True,
         capture_output=True, env={**os.environ, **(env or {})}, preexec_fn=preexec_fn, timeout=600,
     )  # fmt: skip
     return res.returncode, res.stderr.splitlines()
@@ -119,7 +119,7 @@ def test_an_address_space_too_small_for_torch_is_one_line(tmp_path: Path) -> Non
 
 def address_space_of_a_run() -> int:
     """The peak address space of a process that loads what a run loads (torch, Flower): its VmPeak."""
-    code = "import fedsim.runner; print(open('/proc/self/status').read())"
+    code = "import fedsim.engines.runner; print(open('/proc/self/status').read())"
     status = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     return int(next(line for line in status.splitlines() if line.startswith("VmPeak:")).split()[1]) * 1024
 

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 import fedsim
+from fedsim.app.local import continue_locally
 from fedsim.errors import FedsimError
-from fedsim.local import continue_locally
 from fedsim.record.writer import RunDir
 from tests.conftest import small_config, write_config
 

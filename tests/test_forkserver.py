@@ -30,7 +30,7 @@ from fedsim.deploy import clientapp_shim
 from fedsim.deploy.clientapp import DeployedClientApp
 from fedsim.deploy.supernode import start_fork_server
 from fedsim.deploy.warm import keep_warm, warm_up
-from fedsim.evaluation import FORWARD_CHUNK
+from fedsim.models.evaluation import FORWARD_CHUNK
 from fedsim.processes import identity
 from tests.conftest import REPO
 
@@ -219,7 +219,7 @@ def test_warming_up_runs_both_shapes_and_changes_nothing_of_the_runtime(norm: st
     if it used the runtime's own), on the training batch's and an evaluation chunk's shapes, RNG untouched
     (ln_randomized, not yet seeded by a round, draws its noise from the global RNG; BN draws nothing)."""
     from fedsim.client.runtime import ClientRuntime
-    from fedsim.experiment import resolve
+    from fedsim.experiment.resolve import resolve
 
     cfg = load_config(REPO / "configs" / "quickstart.yaml", ["simulation.threads=1", f"model.norm={norm}"])
     rt = ClientRuntime(resolve(cfg))

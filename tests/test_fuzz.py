@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from fedsim.cli import main
+from fedsim.app.cli import main
 from fedsim.config import RunConfig
 from tests.conftest import MNIST_SMALL, small_config
 

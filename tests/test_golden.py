@@ -49,7 +49,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsim.cli import main as cli_main
+from fedsim.app.cli import main as cli_main
 from tests.conftest import MNIST_SMALL, REPO
 
 GOLDEN = Path(os.environ.get("FEDSIM_GOLDEN_DIR") or REPO / "tests" / "golden")

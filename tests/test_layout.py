@@ -11,8 +11,8 @@ import yaml
 
 from fedsim.config_file import parse_config
 from fedsim.deploy.compose import container_config
+from fedsim.engines.runner import run
 from fedsim.layout import choose_layout, torch_threads, usable_cores
-from fedsim.runner import run
 from fedsim.sweep.execute import cell_layout
 from fedsim.sweep.plan import read_sweep
 from tests.conftest import small_config, write_config

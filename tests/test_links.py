@@ -19,7 +19,7 @@ import pytest
 import torch
 import yaml
 
-from fedsim.cli import main
+from fedsim.app.cli import main
 from fedsim.errors import WriteError
 from fedsim.files import open_file
 from tests.conftest import REPO, small_config, write_config
@@ -30,7 +30,7 @@ OWN = b"the user's own file\n"
 
 
 def fedsim(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "fedsim.cli", *args]
+    cmd = [sys.executable, "-m", "fedsim.app.cli", *args]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
 
 

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsim.cli import main
+from fedsim.app.cli import main
+from fedsim.app.local import local_dir
 from fedsim.config_file import load_config
 from fedsim.data import load_dataset
 from fedsim.data.fingerprint import fingerprint
-from fedsim.local import local_dir
+from fedsim.engines.runner import run
 from fedsim.names import MAX_NAME, is_name
 from fedsim.record.manifest import DATA_FINGERPRINT, entry_of, summary_checksum
-from fedsim.runner import run
 from tests.conftest import MNIST_SMALL, MODEL_SHA256, REPO, continued_run
 from tests.test_data_integrity import relabelled
 from tests.test_reading import make_fifo

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from fedsim.config_file import parse_config
+from fedsim.engines.runner import run
 from fedsim.record.checkpoint import Checkpoint
-from fedsim.runner import run
 from tests.conftest import REPO, small_config, write_config
 from tests.plugins.dying_worker import WORKER_END
 
@@ -56,7 +56,7 @@ def fedsim(*args: str, worker_end: str | None = None) -> subprocess.Popen[str]:
     env.update(PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))  # Ray's workers import the test plugin
     if worker_end is not None:
         env[WORKER_END] = worker_end
-    cmd = [sys.executable, "-m", "fedsim.cli", *args]
+    cmd = [sys.executable, "-m", "fedsim.app.cli", *args]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -20,9 +20,9 @@ import pytest
 from PIL import Image
 from torch import nn
 
-from fedsim.cli import main
+from fedsim.app.cli import main
 from fedsim.errors import ConfigError
-from fedsim.experiment import load_experiment
+from fedsim.experiment.resolve import load_experiment
 from fedsim.models import FedsimModel, size
 from tests import test_bad_inputs as corpus
 from tests.conftest import small_config, write_config

@@ -32,7 +32,7 @@ def start(tmp_path: Path, command: str, cfg: dict) -> subprocess.Popen[str]:
     """``fedsim <command> cfg`` as a user starts it, marked as this test's."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, MARK: str(tmp_path), "PYTHONPATH": path}
-    cmd = [sys.executable, "-m", "fedsim.cli", command, str(write_config(tmp_path, cfg))]
+    cmd = [sys.executable, "-m", "fedsim.app.cli", command, str(write_config(tmp_path, cfg))]
     return subprocess.Popen(cmd, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -91,7 +91,7 @@ def listeners(seen: Seen) -> set[str]:
     return {"ray::" if who.startswith("ray::") else who for who in seen.values()}
 
 
-RAY = {"gcs_server", "raylet", "ray::", "fedsim.cli"}  # the GCS, the raylet, a worker and the driver
+RAY = {"gcs_server", "raylet", "ray::", "fedsim.app.cli"}  # the GCS, the raylet, a worker and the driver
 
 
 @pytest.mark.long

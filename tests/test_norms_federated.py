@@ -14,9 +14,9 @@ import torch
 from fedsim.arrays import array_view
 from fedsim.client.runtime import ClientRuntime
 from fedsim.config_file import parse_config
-from fedsim.experiment import resolve
+from fedsim.engines.runner import run
+from fedsim.experiment.resolve import resolve
 from fedsim.norms import NORMS
-from fedsim.runner import run
 from tests.conftest import small_config
 
 

@@ -21,12 +21,12 @@ from pydantic import BaseModel, ValidationError
 
 from fedsim.config import RunConfig, TrainConfig
 from fedsim.data import DATASETS
+from fedsim.engines.runner import check_halves
 from fedsim.errors import RegistryError
-from fedsim.experiment import load_experiment
+from fedsim.experiment.resolve import load_experiment
 from fedsim.models import MODELS
 from fedsim.norms import NORMS
 from fedsim.partitions import PARTITIONERS
-from fedsim.runner import check_halves
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import wrap_flower_strategy
 from tests import test_bad_inputs as corpus

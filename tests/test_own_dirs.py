@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.cli import main
+from fedsim.app.cli import main
 from fedsim.errors import FedsimError
 from fedsim.record.writer import RunDir
 from tests.conftest import disk_full_at, small_config, write_config

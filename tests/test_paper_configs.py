@@ -17,11 +17,11 @@ import torch
 import yaml
 from PIL import Image
 
-from fedsim.cli import build_parser, main
+from fedsim.app.cli import build_parser, main
 from fedsim.data import load_dataset
+from fedsim.engines.runner import run
 from fedsim.errors import ConfigError, DataError, TrainingError
 from fedsim.layout import choose_layout
-from fedsim.runner import run
 from fedsim.sweep.execute import run_sweep
 from fedsim.sweep.plan import plan
 from tests.conftest import CIFAR_Q75, MNIST_SMALL, REPO, small_config, write_config
@@ -243,7 +243,7 @@ def test_a_paper_cell_reruns_to_identical_numbers(tmp_path: Path) -> None:
     first = Path(run(cfg)["run_dir"])
     second = tmp_path / "rerun"
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    argv = ["-m", "fedsim.cli", "run", str(first / "config.yaml"), "--set", f"output.run_dir={second}"]
+    argv = ["-m", "fedsim.app.cli", "run", str(first / "config.yaml"), "--set", f"output.run_dir={second}"]
     rerun = subprocess.run([sys.executable, *argv], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord
 
+from fedsim.app.cli import main
 from fedsim.arrays import to_array_record
-from fedsim.cli import main
 from fedsim.errors import DEBUG_ENV
 from fedsim.server.contract import model_mismatch, shapes_of
 from tests.conftest import small_config, write_config

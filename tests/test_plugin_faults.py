@@ -43,7 +43,7 @@ def in_client(how: str, **options: Any) -> dict[str, Any]:
 
 def fedsim_run(tmp_path: Path, cfg: dict[str, Any]) -> tuple[subprocess.CompletedProcess[str], Path]:
     """``fedsim run`` of ``cfg`` in a process of its own: the finished process and its run directory."""
-    cmd = [sys.executable, "-m", "fedsim.cli", "run", str(write_config(tmp_path, cfg))]
+    cmd = [sys.executable, "-m", "fedsim.app.cli", "run", str(write_config(tmp_path, cfg))]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=SPAWN_TIMEOUT_S)
     return proc, Path(cfg["output"]["run_dir"])
 

@@ -17,7 +17,7 @@ from fedsim.client.app import partition_reply, query_partition
 from fedsim.config_file import parse_config
 from fedsim.engines.local import InlineExecutor, LocalGrid, node_context
 from fedsim.errors import ConfigError, ProtocolError, RegistryError
-from fedsim.experiment import resolve
+from fedsim.experiment.resolve import resolve
 from fedsim.server.loop import run_server
 from fedsim.strategies import STRATEGIES, StrategySpec
 from fedsim.strategies.base import declaring_class

@@ -34,9 +34,9 @@ from fedsim.config import RAY_PROBE_TIMEOUT_S, SimulationConfig
 from fedsim.config_file import parse_config
 from fedsim.engines import ray_pool
 from fedsim.engines.ray_address import check_ray_address
+from fedsim.engines.runner import OFFLINE_ENV, run
 from fedsim.errors import ConfigError
 from fedsim.ports import free_port, free_ports
-from fedsim.runner import OFFLINE_ENV, run
 from tests.conftest import REPO, host_address, small_config, write_config
 from tests.test_engines import metrics_of
 
@@ -271,7 +271,7 @@ def test_an_address_that_is_not_a_ray_cluster_is_one_line_within_the_bound(tmp_p
         with pytest.raises(ConfigError) as refused:
             check_ray_address(parse_config(cfg))
         took = time.monotonic() - started
-        cmd = [sys.executable, "-m", "fedsim.cli", "run", str(write_config(tmp_path, cfg))]
+        cmd = [sys.executable, "-m", "fedsim.app.cli", "run", str(write_config(tmp_path, cfg))]
         proc = subprocess.Popen(cmd, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             _, err = proc.communicate(timeout=RAY_PROBE_TIMEOUT_S + 300)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.cli import main
+from fedsim.app.cli import main
 from fedsim.config_file import parse_config
 from fedsim.record.writer import RunDir
 from tests.conftest import MODEL_SHA256, continued_run, small_config, write_config, written
@@ -222,7 +222,7 @@ def test_every_reader_of_metrics_refuses_a_line_fedsim_would_not_write(
 ) -> None:
     """Text for a number, or a round repeated or out of order: report, plot and the API refuse the file
     in one line naming the line and the field (they drew and tabulated it before); fedsim's own lines read."""
-    from fedsim.api import Run
+    from fedsim.app.api import Run
     from fedsim.errors import FedsimError
 
     run_dir = finished_run(tmp_path)
@@ -288,7 +288,7 @@ def test_runs_of_one_config_and_seed_are_refused_not_counted_as_seeds(
 def test_a_run_named_twice_is_one_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The same run directory given again by another spelling (absolute, a symlink, the directory above it):
     plot drew it twice, and with --mean-over-seeds refused it as two copies of seed 0 to move apart."""
-    from fedsim.plots import find_runs
+    from fedsim.app.plots import find_runs
 
     run_dir = finished_run(tmp_path / "runs")
     (tmp_path / "link").symlink_to(run_dir)

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.cli import main
+from fedsim.app.cli import main
 from fedsim.config_file import parse_config
+from fedsim.engines.runner import run
 from fedsim.errors import FedsimError
 from fedsim.record.claim import locked
 from fedsim.record.layout import RECORD_VERSION
 from fedsim.record.run import read_run
 from fedsim.record.upgrade import upgrade_run
-from fedsim.runner import run
 from tests.conftest import small_config
 
 # what a summary of record version 1 and 2 holds that a fedsim before record versions did not write

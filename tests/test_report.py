@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.cli import main
+from fedsim.app.cli import main
 from fedsim.sweep.execute import run_sweep
 from tests.conftest import make_sweep
 
 
 @pytest.mark.slow
 def test_report_plots_final_accuracy_against_a_swept_key(tmp_path: Path) -> None:
+    from fedsim.app.plots import plot_final_vs
+    from fedsim.app.report import load_runs
     from fedsim.errors import FedsimError
-    from fedsim.plots import plot_final_vs
-    from fedsim.report import load_runs
 
     path = make_sweep(tmp_path, {"partition.beta": [0.1, 1.0, 10.0], "model.norm": ["ln", "none"]})
     out = run_sweep(path, log=lambda _: None)
@@ -30,8 +30,8 @@ def test_report_plots_final_accuracy_against_a_swept_key(tmp_path: Path) -> None
 def test_report_columns_appear_once_each_named_by_as_much_of_the_key_as_tells_them_apart() -> None:
     """A varied key whose last part is another column's name (train.rounds beside the rounds run) or another
     varied key's (model.norm.eps, strategy.eps) is named by more of its path, in the table as in the legends."""
-    from fedsim.grouping import seed_groups
-    from fedsim.report import table
+    from fedsim.app.grouping import seed_groups
+    from fedsim.app.report import table
 
     def run(rounds: int, eps: float, seed: int) -> dict:  # type: ignore[type-arg]
         config = {"seed": seed, "train.rounds": rounds, "model.norm.eps": eps, "strategy.eps": 0.1}
@@ -54,7 +54,7 @@ def test_report_columns_appear_once_each_named_by_as_much_of_the_key_as_tells_th
 
 def test_the_rounds_to_target_column_names_the_target_it_used() -> None:
     """The column names the target as given (--target 0.505: 50.5%), not rounded to one that other runs reached."""
-    from fedsim.report import table
+    from fedsim.app.report import table
 
     summary = {"rounds": 2, "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.5, "final_global_acc": 0.5}
     runs = [{"config": {"seed": 0}, "summary": summary, "metrics": [{"round": 2, "client_mean_acc": 0.5}]}]

@@ -18,14 +18,14 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from fedsim.cli import main
+from fedsim.app.cli import main
 from fedsim.client.state import load_client_state, save_client_state
 from fedsim.config_file import parse_config
+from fedsim.engines.runner import run
 from fedsim.errors import FedsimError, TrainingError
 from fedsim.record.checkpoint import Checkpoint, resume_config
 from fedsim.record.layout import CHECKPOINT, RECORD_VERSION
 from fedsim.record.run import read_run
-from fedsim.runner import run
 from fedsim.server.reporter import RoundReporter
 from tests.conftest import REPO, small_config, write_config
 
@@ -40,7 +40,7 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def fedsim(*args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "fedsim.cli", *args]
+    cmd = [sys.executable, "-m", "fedsim.app.cli", *args]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -278,7 +278,7 @@ def test_a_server_step_that_overflows_stops_the_run_in_one_line(tmp_path: Path) 
     RuntimeWarnings about the overflow printed six lines before fedsim's one. A real process: pytest keeps
     warnings off stderr."""
     raw = small_config(tmp_path, strategy={"name": "fedyogi", "eta": 1e30}, output={"run_dir": str(tmp_path / "d")})
-    res = subprocess.run([sys.executable, "-m", "fedsim.cli", "run", str(write_config(tmp_path, raw))], cwd=REPO,
+    res = subprocess.run([sys.executable, "-m", "fedsim.app.cli", "run", str(write_config(tmp_path, raw))], cwd=REPO,
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     assert res.stderr.startswith("fedsim: error: training diverged in round 2: client 0: training loss is ")

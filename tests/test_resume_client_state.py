@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 import torch
 
-from fedsim.cli import main
+from fedsim.app.cli import main
 from fedsim.config_file import parse_config
 from fedsim.digest import digest
+from fedsim.engines.runner import run
 from fedsim.record.checkpoint import CLIENT_STATE_RECORD, PAYLOAD, Checkpoint
 from fedsim.record.layout import CHECKPOINT, CLIENT_STATE
-from fedsim.runner import run
 from tests.conftest import small_config
 from tests.test_deploy import wait_no_processes
 from tests.test_resume import metrics, stopped_in
@@ -175,7 +175,7 @@ def test_deploy_resume_refuses_missing_client_state(tmp_path: Path, monkeypatch:
     part = stopped(config(tmp_path, "part", {**STATEFUL["scaffold"], "train": {"num_clients": 2}}), monkeypatch)
     state_file(part, 1).unlink()
     state_file(part, 1, 2).unlink()
-    res = subprocess.run([sys.executable, "-m", "fedsim.cli", "deploy", "--resume", str(part)], cwd=tmp_path,
+    res = subprocess.run([sys.executable, "-m", "fedsim.app.cli", "deploy", "--resume", str(part)], cwd=tmp_path,
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     lines = [line for line in res.stderr.splitlines() if line.startswith("fedsim: error:")]
     assert res.returncode == 2 and len(lines) == 1, res.stderr[-3000:]

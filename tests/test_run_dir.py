@@ -16,8 +16,8 @@ import torch
 import yaml
 
 from fedsim.config_file import parse_config
+from fedsim.engines.runner import run
 from fedsim.layout import usable_cores
-from fedsim.runner import run
 from tests.conftest import CIFAR_Q75, REPO, small_config, write_config
 
 
@@ -57,7 +57,7 @@ def test_run_directory_contents(tmp_path: Path) -> None:
 def test_global_model_file_reproduces_global_accuracy(tmp_path: Path, normalize: bool) -> None:
     from fedsim.arrays import to_array_record
     from fedsim.data.batches import to_float
-    from fedsim.experiment import resolve
+    from fedsim.experiment.resolve import resolve
     from fedsim.layout import torch_threads
     from fedsim.server.reporter import GlobalEvaluator
 
@@ -99,8 +99,9 @@ def test_global_model_file_reproduces_global_accuracy(tmp_path: Path, normalize:
 def _fedsim(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "fedsim.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
-    )
+        [sys.executable, "-m", "fedsim.app.cli", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
+    )  # fmt: skip
 
 
 @pytest.mark.slow
@@ -176,7 +177,7 @@ def test_editable_install_imports_subpackages_from_the_repo() -> None:
 
 
 def run_into(tmp_path: Path, run_dir: Path, capsys: pytest.CaptureFixture[str], *overrides: str) -> tuple[int, str]:
-    from fedsim.cli import main
+    from fedsim.app.cli import main
 
     path = write_config(tmp_path, small_config(tmp_path, train={"rounds": 2}, eval={"every": 1}))
     code = main(["run", str(path), "--set", f"output.run_dir={run_dir}", *overrides])
@@ -223,7 +224,7 @@ def test_a_fresh_run_never_inherits_another_runs_files(tmp_path: Path, capsys: p
 
 
 def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path: Path) -> None:
-    from fedsim.runner import new_run_dir
+    from fedsim.engines.runner import new_run_dir
 
     made = [new_run_dir(tmp_path / "runs", "same") for _ in range(3)]
     assert len(set(made)) == 3 and all(p.is_dir() for p in made)

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedsim.api import Run
-from fedsim.cli import main
+from fedsim.app.api import Run
+from fedsim.app.cli import main
 from fedsim.config import THREADS_PER_CPU
 from fedsim.config_file import parse_config
+from fedsim.engines.runner import run
 from fedsim.errors import FedsimError
 from fedsim.record.manifest import entry_of, summary_checksum
 from fedsim.record.run import read_run
-from fedsim.runner import run
 from tests.conftest import small_config
 
 
@@ -311,7 +311,7 @@ def test_runs_gathered_by_symlink_are_read_each_once(
     through them (Path.rglob passed them over: the report showed 1 seed of 3, exit 0); a run reached twice (a link
     to the runs' folder too) is one run, and a link back up is no loop."""
     from fedsim import open_sweep
-    from fedsim.plots import find_runs
+    from fedsim.app.plots import find_runs
 
     assert main(["report", str(finished), "--out", str(tmp_path / "direct")]) == 0
     paper = tmp_path / "paper"

@@ -27,7 +27,7 @@ from fedsim.config_file import parse_config
 from fedsim.data.batches import to_float
 from fedsim.engines.local import InlineExecutor, LocalGrid, node_id_of
 from fedsim.errors import ConfigError, TrainingError
-from fedsim.experiment import Experiment, build_server, resolve
+from fedsim.experiment.resolve import Experiment, build_server, resolve
 from fedsim.record.checkpoint import Checkpoint
 from fedsim.record.manifest import DATA_FINGERPRINT, FILES, entry_of
 from fedsim.record.writer import RunDir
@@ -36,8 +36,8 @@ from fedsim.server.contract import CheckedStrategy
 from fedsim.server.loop import RoundLoop, _flower_logs_quiet, run_server
 from fedsim.server.reporter import ClientScore, RoundReporter
 from fedsim.server.sampling import ClientSampler
-from fedsim.server.strategy import ServerSetup
 from fedsim.strategies.fedprox import PROXIMAL_MU
+from fedsim.strategies.server_half import ServerSetup
 from tests.conftest import small_config
 
 FLAKY = "tests.plugins.flaky_client:Flaky"

@@ -49,7 +49,7 @@ def test_a_run_never_imports_torch_dynamo(tmp_path: Path) -> None:
     code = (
         "import sys\n"
         "from fedsim.config_file import load_config\n"
-        "from fedsim.runner import run\n"
+        "from fedsim.engines.runner import run\n"
         f"run(load_config('configs/quickstart.yaml', ['train.rounds=1', 'train.local_steps=2', "
         f"'output.progress=false', 'simulation.backend=inline', 'simulation.threads=1', 'output.dir={tmp_path}']))\n"
         "print('torch._dynamo' in sys.modules)\n"

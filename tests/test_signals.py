@@ -29,7 +29,7 @@ def default_sigint() -> None:
 
 def start_run(tmp_path: Path, **sections: dict) -> subprocess.Popen[str]:  # type: ignore[type-arg]
     cfg = small_config(tmp_path, train={"rounds": 10_000, "local_steps": 1}, eval={"every": 1}, **sections)
-    cmd = [sys.executable, "-m", "fedsim.cli", "run", str(write_config(tmp_path, cfg))]
+    cmd = [sys.executable, "-m", "fedsim.app.cli", "run", str(write_config(tmp_path, cfg))]
     return subprocess.Popen(cmd, cwd=REPO, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             preexec_fn=default_sigint)  # fmt: skip
 
@@ -94,7 +94,7 @@ def test_sigterm_during_start_up_is_one_line_and_143(tmp_path: Path) -> None:
 
 
 # SIGTERM on Flower's runtime (which once hung) and SIGKILL on the Ray pool (only the watchdog can stop Ray's
-# agents then); SIGTERM on the Ray pool takes the same path as on Flower's runtime (fedsim.cli, handlers_kept),
+# agents then); SIGTERM on the Ray pool takes the same path as on Flower's runtime (fedsim.app.cli, handlers_kept),
 # and is left out for the suite's time
 @pytest.mark.parametrize(
     ("engine", "sig", "clients"),
@@ -133,7 +133,7 @@ def test_a_signal_while_inline_clients_train_is_one_line(tmp_path: Path, sig: si
     signal stops that thread with the run (left in torch's C++ code as Python exited, it aborted the process:
     exit -6, "terminate called without an active exception", 2 of 2)."""
     cfg = small_config(tmp_path, train={"rounds": 10_000, "local_steps": 50}, eval={"every": 1})
-    cmd = [sys.executable, "-m", "fedsim.cli", "run", str(write_config(tmp_path, cfg))]
+    cmd = [sys.executable, "-m", "fedsim.app.cli", "run", str(write_config(tmp_path, cfg))]
     proc = subprocess.Popen(cmd, cwd=REPO, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             preexec_fn=default_sigint)  # fmt: skip
     deadline = time.monotonic() + 300
@@ -210,7 +210,7 @@ def test_output_to_a_reader_that_stopped_is_quiet() -> None:
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        res = subprocess.run([sys.executable, "-m", "fedsim.cli", "list"], cwd=REPO, stdout=write_end,
+        res = subprocess.run([sys.executable, "-m", "fedsim.app.cli", "list"], cwd=REPO, stdout=write_end,
                              stderr=subprocess.PIPE, timeout=60)  # fmt: skip
     finally:
         os.close(write_end)
@@ -252,7 +252,7 @@ def test_a_run_stopped_after_a_checkpoint_says_how_to_continue_it(
 ) -> None:
     """Ctrl-C after a checkpoint: the one line names ``fedsim run --resume`` (before one, it cannot)."""
     import fedsim.engines
-    from fedsim.cli import main
+    from fedsim.app.cli import main
 
     def stopped_after_a_checkpoint(experiment, resume: bool) -> None:  # noqa: ANN001
         (Path(experiment.config.output.run_dir) / "checkpoint.pt").write_bytes(b"")  # as a checkpoint lands

@@ -14,16 +14,16 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedsim import wire
+from fedsim.app.cli import main as cli_main
 from fedsim.arrays import to_array_record
-from fedsim.cli import main as cli_main
 from fedsim.client.app import app
 from fedsim.client.runtime import ClientRuntime
 from fedsim.config import RunConfig
 from fedsim.config_file import load_config, parse_config
 from fedsim.engines.local import InlineExecutor, LocalGrid, node_context
+from fedsim.engines.runner import run
 from fedsim.errors import ConfigError
-from fedsim.experiment import resolve
-from fedsim.runner import run
+from fedsim.experiment.resolve import resolve
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.fedbn import FEDBN_LOCAL
 from tests.conftest import small_config, write_config

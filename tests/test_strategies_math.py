@@ -22,7 +22,6 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedsim import wire
 from fedsim.arrays import array_view, to_array_record
-from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.client.sgd import LocalSgd
 from fedsim.client.training import ClientRound, TrainResult, train_local
 from fedsim.data.batches import BatchStream
@@ -30,10 +29,11 @@ from fedsim.engines.local import LocalGrid, node_id_of
 from fedsim.models import FedsimModel, create_model
 from fedsim.norms import create_norm
 from fedsim.server.sampling import ClientSampler
-from fedsim.server.strategy import ServerSetup
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.fedprox import PROXIMAL_MU
+from fedsim.strategies.hooks import ClientHooks, RoundInfo
 from fedsim.strategies.scaffold import SCAFFOLD_C, SCAFFOLD_C_I, SCAFFOLD_DELTA_C
+from fedsim.strategies.server_half import ServerSetup
 
 Respond = Callable[[Message, int, RecordDict], RecordDict]
 

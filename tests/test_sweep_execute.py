@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedsim.cli import main
-from fedsim.report import write_report
+from fedsim.app.cli import main
+from fedsim.app.report import write_report
 from fedsim.sweep.execute import run_sweep
 from fedsim.sweep.plan import cell_name
 from tests.conftest import make_sweep, one_line, small_config, write_config
@@ -42,9 +42,9 @@ def test_sweep_runs_grid_skips_finished_and_reports(tmp_path: Path) -> None:
     assert (out / "results.md").read_text().startswith("| norm | seeds |")
 
     # the same groups, as mean ± std bands over the seeds (fedsim plot --mean-over-seeds, the report's plot)
-    from fedsim.grouping import seed_groups
-    from fedsim.plots import mean_and_std
-    from fedsim.report import load_runs
+    from fedsim.app.grouping import seed_groups
+    from fedsim.app.plots import mean_and_std
+    from fedsim.app.report import load_runs
 
     groups = seed_groups(load_runs(out))
     assert list(groups) == ["norm=ln", "norm=none"] and all(len(m) == 2 for m in groups.values())
@@ -82,7 +82,7 @@ def cell_processes(out: Path, sweep_pid: int) -> list[int]:
         try:
             if proc.name.isdigit() and int(proc.name) != sweep_pid:
                 cmdline = (proc / "cmdline").read_bytes()
-                if b"fedsim.cli\0run" in cmdline and str(out).encode() in cmdline:
+                if b"fedsim.app.cli\0run" in cmdline and str(out).encode() in cmdline:
                     if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
                         found.append(int(proc.name))
         except OSError:  # ended meanwhile
@@ -100,7 +100,7 @@ def checkpointed_round(run_dir: Path) -> int:
 
 
 def start_sweep(path: Path) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "fedsim.cli", "sweep", str(path), "--parallel", "2"]
+    cmd = [sys.executable, "-m", "fedsim.app.cli", "sweep", str(path), "--parallel", "2"]
     return subprocess.Popen(cmd, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedsim.cli import main
+from fedsim.app.cli import main
 from fedsim.sweep.execute import run_sweep
 from fedsim.sweep.plan import cell_name, plan
 from tests.conftest import MNIST_SMALL, make_sweep, one_line

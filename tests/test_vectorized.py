@@ -24,8 +24,8 @@ from fedsim.client.vectorized import StackedForward
 from fedsim.config_file import parse_config
 from fedsim.deploy.launcher import deploy
 from fedsim.engines.local import InlineExecutor, LocalGrid
+from fedsim.engines.runner import run
 from fedsim.errors import ConfigError
-from fedsim.runner import run
 from tests.conftest import small_config
 from tests.test_golden import images_behind, one_image
 

@@ -18,17 +18,17 @@ import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from fedsim import wire
-from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.client.sgd import LocalSgd
 from fedsim.client.training import ClientRound, TrainResult, train_local
 from fedsim.config import RunConfig
 from fedsim.data.batches import BatchStream
-from fedsim.evaluation import evaluate
-from fedsim.experiment import Experiment, resolve
-from fedsim.federation import Federation
+from fedsim.experiment.federation import Federation
+from fedsim.experiment.resolve import Experiment, resolve
 from fedsim.layout import torch_threads
 from fedsim.models import FedsimModel
+from fedsim.models.evaluation import evaluate
 from fedsim.norms import seed_norm_noise
+from fedsim.strategies.hooks import ClientHooks, RoundInfo
 
 
 def round_seed(seed: int, server_round: int, partition_id: int) -> int:

@@ -2,7 +2,7 @@
 
 Every strategy, normaliser and engine trains through :func:`train_local`: one client at a time, or
 several at once (``simulation.vmap_clients``, :mod:`fedsim.client.vectorized`). Algorithms change
-it only through their :class:`~fedsim.client.hooks.ClientHooks`.
+it only through their :class:`~fedsim.strategies.hooks.ClientHooks`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.client.sgd import LocalSgd
 from fedsim.data.batches import BatchStream
 from fedsim.models import FedsimModel
+from fedsim.strategies.hooks import ClientHooks, RoundInfo
 
 
 @dataclass(frozen=True)

@@ -33,14 +33,14 @@ from fedsim.config import RunConfig
 from fedsim.config_file import parse_config
 from fedsim.deploy.keys import SECRET, make_node_keys, make_tls
 from fedsim.deploy.topology import RUNTIME_ENV, SUPERNODE_RUNTIME_PORT, TlsFiles, Topology, write_app
+from fedsim.engines.runner import OFFLINE_ENV
 from fedsim.errors import ConfigError, FedsimError, WriteError
-from fedsim.experiment import resolve
+from fedsim.experiment.resolve import resolve
 from fedsim.files import check_links, make_dirs, remove, write_file
 from fedsim.names import check_host
 from fedsim.ownership import MARKER, check_own, mark_own
 from fedsim.paths import PACKAGE_PREFIX
 from fedsim.reading import MIB, read_bytes
-from fedsim.runner import OFFLINE_ENV
 
 DEFAULT_PORT = 9093
 DATA, RUNS, PROJECT, TLS, KEYS, STATE = "/data", "/runs", "/fedsim", "/certs", "/keys", "/state"  # in containers

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.config import RunConfig
-from fedsim.console import RoundProgress, console, partition_table, summary_table
 from fedsim.deploy import private_network
 from fedsim.deploy.keys import make_node_keys, make_tls
 from fedsim.deploy.topology import CONNECTION, RUNTIME_ENV, TlsFiles, Topology, local_topology, write_app
@@ -39,6 +38,7 @@ from fedsim.processes import (
 from fedsim.record.claim import claimed
 from fedsim.record.layout import ERROR, HELD_ENV, PROGRESS, SUMMARY
 from fedsim.record.reader import read_error, read_progress, read_summary
+from fedsim.server.console import RoundProgress, console, partition_table, summary_table
 
 # A command prefix per process, e.g. {"supernode": ["ip", "netns", "exec", "nodes"]} to run the
 # SuperNodes in another network namespace
@@ -94,7 +94,7 @@ class LocalDeployment:
     """The processes of one deployed run; use as a context manager so they always stop."""
 
     def __init__(self, cfg: RunConfig, wrap: Wrap | None = None, resume: bool = False) -> None:
-        assert cfg.output.run_dir, "fedsim.runner.plan() fixes the run directory first"
+        assert cfg.output.run_dir, "fedsim.engines.runner.plan() fixes the run directory first"
         self.cfg, self.resume = cfg, resume
         self.run_dir = Path(cfg.output.run_dir).resolve()  # the flwr CLI runs elsewhere
         self.workdir = self.run_dir / "deploy"
@@ -126,7 +126,7 @@ class LocalDeployment:
     # --- processes --------------------------------------------------------------------------------
 
     def _env(self, home: str) -> dict[str, str]:
-        from fedsim.runner import OFFLINE_ENV
+        from fedsim.engines.runner import OFFLINE_ENV
 
         home_dir = str(self.workdir / "home" / home)
         # HELD_ENV: this launcher owns the run directory for the ServerApp its SuperLink starts
@@ -297,7 +297,7 @@ def deploy(cfg: RunConfig, wrap: Wrap | None = None, resume: bool = False) -> di
     """Run ``cfg`` on a SuperLink and one SuperNode per client on this host; returns the summary. ``resume``:
     go on from the checkpoint in its run dir (:func:`fedsim.record.checkpoint.resume_config`)."""
     from fedsim.client.vectorized import refusal
-    from fedsim.runner import plan
+    from fedsim.engines.runner import plan
 
     if why := refusal(cfg, "deploy"):
         raise ConfigError(why)

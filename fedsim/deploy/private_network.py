@@ -29,10 +29,10 @@ import sys
 from typing import Any
 
 from fedsim.config import RunConfig
-from fedsim.console import console
 from fedsim.errors import ChildExit
 from fedsim.processes import die_with
 from fedsim.record.reader import read_summary
+from fedsim.server.console import console
 
 ENV = "FEDSIM_PRIVATE_NETWORK"  # set inside the namespace: the pid of the launcher outside
 UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--"]
@@ -63,7 +63,7 @@ def deploy_inside(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
     """Run the deployment of ``cfg`` (planned: its run directory fixed) in a private network, from the
     checkpoint in its run directory if ``resume``; its summary."""
     given = ["--resume", "-"] if resume else ["-"]  # "-": the config comes on stdin, planned
-    cmd = [*UNSHARE, sys.executable, "-m", "fedsim.cli", "deploy", *given]
+    cmd = [*UNSHARE, sys.executable, "-m", "fedsim.app.cli", "deploy", *given]
     parent = os.getpid()
     env = {**os.environ, ENV: str(parent)}
 

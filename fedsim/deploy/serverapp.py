@@ -23,7 +23,7 @@ from fedsim.config_file import load_config
 from fedsim.deploy import flower_waits
 from fedsim.deploy.packing import PackedGrid
 from fedsim.errors import FedsimError
-from fedsim.experiment import resolve
+from fedsim.experiment.resolve import resolve
 from fedsim.record.checkpoint import resume_config
 from fedsim.record.claim import claimed
 from fedsim.record.paths import default_run_dir

@@ -17,7 +17,7 @@ import torch
 
 from fedsim.client import runtime
 from fedsim.client.runtime import ClientRuntime
-from fedsim.evaluation import FORWARD_CHUNK
+from fedsim.models.evaluation import FORWARD_CHUNK
 
 
 def preload() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedsim.experiment import Experiment
+from fedsim.experiment.resolve import Experiment
 
 
 def run_with_engine(experiment: Experiment, resume: bool = False) -> dict[str, Any]:

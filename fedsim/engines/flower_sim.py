@@ -36,7 +36,7 @@ from fedsim.engines.local import handle
 from fedsim.engines.lost_workers import GONE, ray_cause, worker_died
 from fedsim.engines.ray_cluster import init_ray
 from fedsim.errors import FedsimError
-from fedsim.experiment import Experiment
+from fedsim.experiment.resolve import Experiment
 from fedsim.processes import signals_deferred
 from fedsim.server.polling import PromptGrid
 

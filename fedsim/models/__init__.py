@@ -2,7 +2,7 @@
 
 Models decide *where* the normalisation sites are and take *what* they are from a
 :class:`~fedsim.norms.Normaliser` resolved once, at the boundary (:func:`create_model`, or
-:meth:`fedsim.experiment.Experiment.build_model`). Each model's layers: docs/algorithms.md. Every
+:meth:`fedsim.experiment.resolve.Experiment.build_model`). Each model's layers: docs/algorithms.md. Every
 model ends ``... -> [norm "feature"] -> classifier``, so strategies and diagnostics can reach the
 feature g_θ(x) (:meth:`FedsimModel.forward_features`) and the class embeddings w_c (the rows of
 ``classifier.weight``) uniformly.

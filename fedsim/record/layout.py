@@ -21,7 +21,7 @@ TENSORBOARD = "tb"
 CLIENT_STATE = "client_state"  # the nodes' state files of a checkpoint, under the run directory (by default)
 DEPLOY = "deploy"
 LOCK = ".lock"
-LOCAL_JSON = "local.json"  # what `fedsim local` ran, in RUN_DIR/local-<k>/ (fedsim.local), not a run's entry
+LOCAL_JSON = "local.json"  # what `fedsim local` ran, in RUN_DIR/local-<k>/ (fedsim.app.local), not a run's entry
 # The version of what a run directory records (its files and their checksums), which summary.json,
 # progress.json and checkpoint.pt say under VERSION_KEY: readers take only this one; `fedsim record upgrade`
 # brings an older record to it (fedsim.record.upgrade). 1: checksums of values, of five kinds; 2: one manifest

@@ -1,4 +1,4 @@
-"""A run directory read back whole (``fedsim report``, ``fedsim plot``, :class:`fedsim.api.Run`): every file
+"""A run directory read back whole (``fedsim report``, ``fedsim plot``, :class:`fedsim.app.api.Run`): every file
 read (:mod:`fedsim.record.reader`) and checked against the others and the checksums the run recorded
 (:mod:`fedsim.record.verify`), finished or still running, into one :class:`RunRecord`."""
 

@@ -25,7 +25,7 @@ from flwr.serverapp.strategy import Strategy
 from fedsim.deadline import call_within
 from fedsim.errors import DEBUG_ENV, ConfigError, FedsimError, TrainingError
 from fedsim.plugin_guard import plugin_code
-from fedsim.server.strategy import Checkpointable
+from fedsim.strategies.server_half import Checkpointable
 
 T = TypeVar("T")
 Shapes = dict[str, tuple[tuple[int, ...], np.dtype]]  # tensor name -> (shape, dtype)

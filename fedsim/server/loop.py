@@ -25,10 +25,9 @@ from fedsim import wire
 from fedsim.arrays import to_array_record
 from fedsim.cadence import EvalCadence
 from fedsim.config import RunConfig
-from fedsim.console import console, partition_table, summary_table
 from fedsim.data.fingerprint import check_same_data
 from fedsim.errors import ConfigError, PluginExit, TrainingError
-from fedsim.experiment import Experiment, build_server
+from fedsim.experiment.resolve import Experiment, build_server
 from fedsim.layout import torch_threads
 from fedsim.plugin_guard import plugin_code
 from fedsim.record.checkpoint import Checkpoint
@@ -37,12 +36,13 @@ from fedsim.record.manifest import DATA_FINGERPRINT
 from fedsim.record.paths import default_run_dir
 from fedsim.record.writer import RunDir
 from fedsim.server.checkpoint import Checkpointer, set_rng_state
+from fedsim.server.console import console, partition_table, summary_table
 from fedsim.server.contract import CheckedStrategy
 from fedsim.server.discovery import discover_partitions
 from fedsim.server.replies import describe_failures, divergence, good_replies, missing_replies
 from fedsim.server.reporter import ClientScore, RoundReporter
 from fedsim.server.sampling import ClientSampler
-from fedsim.server.strategy import ServerSetup, check_strategy
+from fedsim.strategies.server_half import ServerSetup, check_strategy
 from fedsim.trackers import open_trackers
 
 

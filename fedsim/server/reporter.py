@@ -17,13 +17,13 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from fedsim.arrays import load_arrays
-from fedsim.console import RoundProgress
-from fedsim.diagnostics import ProbeDiagnostics
 from fedsim.errors import FedsimWarning, TrainingError
-from fedsim.evaluation import evaluate
-from fedsim.experiment import Experiment
+from fedsim.experiment.diagnostics import ProbeDiagnostics
+from fedsim.experiment.resolve import Experiment
+from fedsim.models.evaluation import evaluate
 from fedsim.record.reader import final_accuracies
 from fedsim.record.writer import RunDir
+from fedsim.server.console import RoundProgress
 from fedsim.server.replies import evaluation_divergence
 
 SHOWN_ROUNDS = 5  # rounds named in the warning on clients left out; the rest are counted

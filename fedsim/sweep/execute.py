@@ -59,8 +59,8 @@ def cell_layout(cfg: RunConfig, sweep: SweepFile, workers: int) -> RunConfig:
 
 
 def _run_one(cfg_json: str, resume: bool = False) -> dict[str, Any]:
+    from fedsim.engines.runner import run
     from fedsim.record.checkpoint import resume_config
-    from fedsim.runner import run
 
     cfg = RunConfig.from_json(cfg_json)
     return run(resume_config(cfg.output.run_dir or "") if resume else cfg, resume=resume)
@@ -82,7 +82,7 @@ class CellProcess:
         env = {**os.environ, ERROR_FILE_ENV: str(self.error_file)}
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fedsim.cli", *argv], stdout=subprocess.DEVNULL, stderr=log, env=env,
+                [sys.executable, "-m", "fedsim.app.cli", *argv], stdout=subprocess.DEVNULL, stderr=log, env=env,
                 preexec_fn=die_with_parent(),
             )  # fmt: skip
 
@@ -157,7 +157,7 @@ def _run_on_ray(
     import ray
 
     from fedsim.engines.ray_cluster import start_ray
-    from fedsim.runner import OFFLINE_ENV, use_run_env
+    from fedsim.engines.runner import OFFLINE_ENV, use_run_env
 
     use_run_env()  # for the raylet started here (its workers' niceness)
     if ray_cfg.address is None:

@@ -62,7 +62,7 @@ from pydantic import (
 from fedsim.config import NOT_LEARNING, HomePath, RunConfig, flatten
 from fedsim.config_file import format_validation_error, load_config, read_yaml
 from fedsim.errors import ConfigError, FedsimError, brief
-from fedsim.experiment import resolve
+from fedsim.experiment.resolve import resolve
 from fedsim.names import NAME_RULE, cut, is_name, printable
 from fedsim.ownership import check_not_in_a_run
 from fedsim.record.layout import CHECKPOINT, CONFIG, SUMMARY

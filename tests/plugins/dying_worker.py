@@ -17,9 +17,9 @@ from pathlib import Path
 
 from flwr.app import RecordDict
 
-from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.models import FedsimModel
 from fedsim.strategies import StrategySpec
+from fedsim.strategies.hooks import ClientHooks, RoundInfo
 from fedsim.strategies.scaffold import ScaffoldClient, ScaffoldSpec
 
 WORKER_END = "FEDSIM_TEST_WORKER_END"

@@ -18,9 +18,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedsim.models import FedsimModel
-from fedsim.server.aggregation import FastAveraging
-from fedsim.server.strategy import EVERY_NODE, ServerSetup
 from fedsim.strategies import ClientHooks, RoundInfo, StrategySpec
+from fedsim.strategies.aggregation import FastAveraging
+from fedsim.strategies.server_half import EVERY_NODE, ServerSetup
 
 
 def held_round(hold_file: Path) -> int | None:

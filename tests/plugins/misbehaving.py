@@ -23,9 +23,9 @@ from torch import nn
 
 from fedsim.models import FedsimModel
 from fedsim.norms import Normaliser, Site
-from fedsim.server.aggregation import FastAveraging
-from fedsim.server.strategy import EVERY_NODE, ServerSetup
 from fedsim.strategies import ClientHooks, RoundInfo, StrategySpec
+from fedsim.strategies.aggregation import FastAveraging
+from fedsim.strategies.server_half import EVERY_NODE, ServerSetup
 
 How = Literal["sys_exit", "os_exit", "sleep"]
 

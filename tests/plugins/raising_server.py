@@ -8,9 +8,9 @@ from collections.abc import Iterable
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
-from fedsim.server.aggregation import FastAveraging
-from fedsim.server.strategy import EVERY_NODE, ServerSetup
 from fedsim.strategies import StrategySpec
+from fedsim.strategies.aggregation import FastAveraging
+from fedsim.strategies.server_half import EVERY_NODE, ServerSetup
 
 
 class Raising(FastAveraging):

@@ -15,8 +15,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from pydantic import Field
 
-from fedsim.server.strategy import EVERY_NODE, ServerSetup
 from fedsim.strategies.scaffold import ScaffoldServer, ScaffoldSpec
+from fedsim.strategies.server_half import EVERY_NODE, ServerSetup
 
 
 def superlink_pid() -> int:

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from fedsim.app.grouping import seed_groups, short_keys, varying_keys
+from fedsim.app.local import read_request
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.files import write_file
-from fedsim.grouping import seed_groups, short_keys, varying_keys
-from fedsim.local import read_request
 from fedsim.record.layout import LOCAL_JSON
 from fedsim.record.paths import directories_under, make_results_dir, resolved, run_dirs, runs_root
 from fedsim.record.reader import read_metrics

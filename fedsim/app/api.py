@@ -77,7 +77,7 @@ class Sweep:
         """``fedsim report``'s table of the finished runs: one row per setting, seeds pooled (mean ± std)."""
         import pandas as pd
 
-        from fedsim.report import load_runs, table
+        from fedsim.app.report import load_runs, table
 
         header, rows = table(load_runs(self.dir), target)
         return pd.DataFrame(rows, columns=header)
@@ -131,15 +131,15 @@ def make_config(source: ConfigLike, overrides: Sequence[str] = ()) -> RunConfig:
 
 def run(source: ConfigLike, overrides: Sequence[str] = ()) -> Run:
     """Run one experiment to its end (``fedsim run``); returns its run directory read back."""
-    from fedsim.runner import run as run_config
+    from fedsim.engines.runner import run as run_config
 
     return Run(Path(run_config(make_config(source, overrides))["run_dir"]))
 
 
 def resume(run_dir: str | os.PathLike[str]) -> Run:
     """Continue an interrupted run from its last checkpoint (``fedsim run --resume``)."""
+    from fedsim.engines.runner import run as run_config
     from fedsim.record.checkpoint import resume_config
-    from fedsim.runner import run as run_config
 
     check_working_directory()  # relative paths are read from it
     path = _path(run_dir, "run_dir")

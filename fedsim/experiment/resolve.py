@@ -21,15 +21,15 @@ from fedsim.config_file import load_config
 from fedsim.data import DATASETS, DatasetLoader
 from fedsim.data.base import check_classes
 from fedsim.errors import ConfigError, FedsimError
-from fedsim.federation import Federation, load_federation
+from fedsim.experiment.federation import Federation, load_federation
 from fedsim.models import MODELS, FedsimModel
 from fedsim.models.size import check_size
 from fedsim.norms import NORMS, Normaliser
 from fedsim.partitions import PARTITIONERS, Partitioner
 from fedsim.partitions.base import check_participation
 from fedsim.registry import Resolved
-from fedsim.server.strategy import ServerSetup
 from fedsim.strategies import STRATEGIES, StrategySpec
+from fedsim.strategies.server_half import ServerSetup
 
 
 @dataclass(frozen=True, eq=False)

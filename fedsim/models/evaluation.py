@@ -29,7 +29,7 @@ def evaluate(
     """Loss sum, per-class correct counts and per-class totals of ``model`` on (x, y).
 
     ``x`` is uint8 images; ``to_inputs`` turns a batch of them into the model's float inputs
-    (:class:`fedsim.federation.InputTransform`), so every scorer sees what training saw.
+    (:class:`fedsim.experiment.federation.InputTransform`), so every scorer sees what training saw.
     """
     model.eval()
     device = next(model.parameters()).device

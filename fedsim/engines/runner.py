@@ -12,13 +12,13 @@ import torch
 
 from fedsim.client.vectorized import refusal
 from fedsim.config import RunConfig
-from fedsim.diagnostics import probe_images
 from fedsim.engines.ray_address import check_ray_address
 from fedsim.environment import check_working_directory, fault_of
 from fedsim.errors import ConfigError
 from fedsim.exclusive import claim_process
-from fedsim.experiment import Experiment, build_server, resolve
-from fedsim.federation import Federation
+from fedsim.experiment.diagnostics import probe_images
+from fedsim.experiment.federation import Federation
+from fedsim.experiment.resolve import Experiment, build_server, resolve
 from fedsim.layout import choose_layout
 from fedsim.models import FedsimModel
 from fedsim.ownership import check_not_in_a_run
@@ -26,7 +26,7 @@ from fedsim.plugin_guard import plugin_code, warn_stray_threads
 from fedsim.record.claim import check_fresh, claimed, metrics_so_far
 from fedsim.record.layout import CHECKPOINT
 from fedsim.record.paths import make_dir, resolved
-from fedsim.server.strategy import ServerSetup, check_strategy
+from fedsim.strategies.server_half import ServerSetup, check_strategy
 from fedsim.trackers import resolve_trackers
 
 # Flower must stay offline and quiet: no telemetry, no update check

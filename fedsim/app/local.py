@@ -8,7 +8,7 @@ of the run's SGD (lr, momentum, weight decay, batch size, augmentation), one con
 batches, through the one training loop with FedAvg's client half (plain local SGD, whatever the
 run's strategy). Before the first step and every E steps (and after the last) it scores the model
 on the whole test set, accuracy on the classes client k trains on (``own_class_acc``) and on all
-the others (``other_class_acc``), and measures the feature diagnostics of :mod:`fedsim.diagnostics`
+the others (``other_class_acc``), and measures the feature diagnostics of :mod:`fedsim.experiment.diagnostics`
 on the run's probe batch. ``--set`` changes only the local training (:data:`LOCAL_KEYS`): which data is
 client k's is the run's. ``RUN_DIR/local-<k>/`` (``local-<k>,<key=value>...`` with ``--set``, cut short and
 ending in a hash of the exact request where it would be too long or hold other characters, :func:`local_dir`)
@@ -28,19 +28,19 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from fedsim.client.hooks import ClientHooks, RoundInfo
 from fedsim.client.runtime import ClientRuntime, round_seed
 from fedsim.client.training import ClientRound, train_local
 from fedsim.config import MAX_LOCAL_STEPS, RunConfig
 from fedsim.config_file import read_run_config
 from fedsim.data.fingerprint import check_same_data
-from fedsim.diagnostics import ProbeDiagnostics, probe_images
+from fedsim.engines.runner import check_runnable
 from fedsim.errors import ConfigError, DataError, FedsimError, brief
-from fedsim.evaluation import evaluate
 from fedsim.exclusive import claim_process
-from fedsim.experiment import resolve
+from fedsim.experiment.diagnostics import ProbeDiagnostics, probe_images
+from fedsim.experiment.resolve import resolve
 from fedsim.files import check_links, write_file
 from fedsim.layout import torch_threads
+from fedsim.models.evaluation import evaluate
 from fedsim.names import control_character, cut, unprintable
 from fedsim.norms import seed_norm_noise
 from fedsim.reading import read_json
@@ -52,7 +52,7 @@ from fedsim.record.schemas import Written
 from fedsim.record.verify import RESTORE_HINT, check_files, check_summary
 from fedsim.record.writer import RunDir
 from fedsim.registry import PluginParams
-from fedsim.runner import check_runnable
+from fedsim.strategies.hooks import ClientHooks, RoundInfo
 
 # What --set may change for a continuation: its SGD, the model's form (model.norm=fn: LN-FL Fig. 2), where the run's
 # data is now (its fingerprint in summary.json checks that it is the run's), where and on how many threads it runs;

@@ -37,7 +37,7 @@ from torch import nn
 from fedsim.arrays import load_arrays
 from fedsim.config import PROBE_SIZE, DiagnosticsConfig
 from fedsim.errors import ConfigError
-from fedsim.experiment import Experiment
+from fedsim.experiment.resolve import Experiment
 from fedsim.models import FedsimModel
 
 # ---------------------------------------------------------------- pure functions

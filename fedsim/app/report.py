@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from fedsim.app.grouping import seed_groups, short_keys, varying_keys
+from fedsim.app.plots import plot_accuracy, plot_final_vs
 from fedsim.errors import FedsimError
 from fedsim.files import write_file
-from fedsim.grouping import seed_groups, short_keys, varying_keys
-from fedsim.plots import plot_accuracy, plot_final_vs
 from fedsim.record.layout import SUMMARY
 from fedsim.record.paths import make_results_dir, run_dirs, runs_root
 from fedsim.record.run import read_run

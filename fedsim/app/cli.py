@@ -36,7 +36,7 @@ def _resuming(args: argparse.Namespace) -> bool:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from fedsim import api
+    from fedsim.app import api
 
     run = api.resume(args.resume) if _resuming(args) else api.run(args.config, args.set)
     print(run.dir)
@@ -74,7 +74,7 @@ def _cmd_compose(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from fedsim.plugins import ALL_REGISTRIES, describe
+    from fedsim.app.plugins import ALL_REGISTRIES, describe
 
     kinds = list(ALL_REGISTRIES) if args.kind is None else [args.kind]
     for kind in kinds:
@@ -85,7 +85,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from fedsim import api
+    from fedsim.app import api
     from fedsim.sweep.execute import CellsFailed
 
     try:
@@ -98,7 +98,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from fedsim.report import unfinished, write_report
+    from fedsim.app.report import unfinished, write_report
 
     if not 0 < args.target <= 1:  # NaN fails this too
         raise ConfigError(f"--target {args.target}: give a client-mean accuracy in (0, 1], e.g. 0.5")
@@ -119,14 +119,14 @@ def _cmd_record_upgrade(args: argparse.Namespace) -> int:
 
 
 def _cmd_local(args: argparse.Namespace) -> int:
-    from fedsim.local import continue_locally
+    from fedsim.app.local import continue_locally
 
     print(continue_locally(args.run_dir, args.client, args.steps, args.every, args.set))
     return 0
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from fedsim.plots import parse_references, write_plots
+    from fedsim.app.plots import parse_references, write_plots
 
     references = parse_references(args.reference)
     out = args.out or (args.run_dirs[0] if len(args.run_dirs) == 1 else ".")
