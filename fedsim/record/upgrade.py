@@ -35,7 +35,7 @@ from fedsim.record.layout import (
 from fedsim.record.legacy import KEYS, MODEL_SHA256, check_checkpoint, check_legacy
 from fedsim.record.manifest import FILES, SHA256, SUMMARY_CHECKSUM, entry_of, summary_checksum
 from fedsim.record.paths import check_run_links, resolved
-from fedsim.record.reader import load_torch, metrics_bytes, read_metrics, read_partition, read_torch_bytes
+from fedsim.record.reader import TORCH_BYTES, load_torch, metrics_bytes, read_metrics, read_partition, read_torch_bytes
 from fedsim.record.run import read_run
 from fedsim.record.schemas import Versioned
 from fedsim.record.writer import record_json
@@ -65,7 +65,7 @@ def upgrade_run(run_dir: str | Path) -> str:
             rewritten[path / CHECKPOINT] = checkpoint
         if not rewritten:
             return f"{path}: already of record version {RECORD_VERSION}"
-        before = {f: read_bytes(f, f.name, 1 << 36, FedsimError) for f in rewritten}
+        before = {f: read_bytes(f, f.name, TORCH_BYTES, FedsimError) for f in rewritten}
         for f, data in rewritten.items():
             write_file(f, data, fsync=f.name == CHECKPOINT)
         try:
