@@ -37,7 +37,7 @@ class FedDecorrClient(ClientHooks["FedDecorrSpec.Params"]):
     """Adds β·L_dc of the classifier's input features."""
 
     def extra_loss(
-        self, model: FedsimModel, features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor
+        self, model: FedsimModel, x: torch.Tensor, features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor
     ) -> torch.Tensor | None:
         return self.params.beta * decorrelation_loss(features)
 

@@ -39,7 +39,7 @@ class FedProxClient(ClientHooks["FedProxSpec.Params"]):
         self.x = [p.detach().clone() for p in model.parameters()]
 
     def extra_loss(
-        self, model: FedsimModel, features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor
+        self, model: FedsimModel, x: torch.Tensor, features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor
     ) -> torch.Tensor | None:
         squared = sum((w - x).pow(2).sum() for w, x in zip(model.parameters(), self.x, strict=True))
         return 0.5 * self.mu * squared

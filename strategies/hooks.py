@@ -28,6 +28,7 @@ class RoundInfo:
     local_steps: int | None  # None: local_epochs counts the work
     local_epochs: int | None
     lr: float
+    momentum: float  # the local SGD's (FedNova's normalisation counts it)
     class_counts: torch.Tensor  # this client's training samples per class (FedLC, FedRS)
 
 
@@ -57,8 +58,10 @@ class ClientHooks(Generic[P]):
         return logits
 
     def extra_loss(
-        self, model: FedsimModel, features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor
+        self, model: FedsimModel, x: torch.Tensor, features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor
     ) -> torch.Tensor | None:
+        """A term added to the batch's loss: ``x`` the batch's inputs, ``features`` the model's classifier input
+        (its representation), ``logits`` after :meth:`adjust_logits`, ``y`` the labels."""
         return None
 
     def correct_gradients(self, model: FedsimModel) -> None:

@@ -86,7 +86,7 @@ def server_content(model: FedsimModel) -> RecordDict:
 def client_round(name: str, model: FedsimModel, state: RecordDict) -> ClientRound:
     spec = STRATEGIES.get(name)
     hooks = spec(spec.Params()).client()
-    info = RoundInfo(1, 0, 3, None, 0.1, torch.tensor([5, 3] + [0] * 8))  # class counts live on the host
+    info = RoundInfo(1, 0, 3, None, 0.1, 0.0, torch.tensor([5, 3] + [0] * 8))  # class counts live on the host
     host_weights = {k: torch.zeros(v.shape, dtype=v.dtype) for k, v in model.state_dict().items()}
     hooks.load_global(model, to_array_record(host_weights), state)  # arrays arrive on the host
     hooks.begin_round(model, server_content(model), state, info)

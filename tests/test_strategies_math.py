@@ -107,7 +107,7 @@ def spec(name: str, **options):  # type: ignore[no-untyped-def]
 
 
 def info(counts: list[int], lr: float = 0.1, steps: int = 1, pid: int = 0, server_round: int = 1) -> RoundInfo:
-    return RoundInfo(server_round, pid, steps, None, lr, torch.tensor(counts))
+    return RoundInfo(server_round, pid, steps, None, lr, 0.0, torch.tensor(counts))
 
 
 def stream(x: torch.Tensor, y: torch.Tensor, batch_size: int | None = None) -> BatchStream:
@@ -142,7 +142,7 @@ def test_fedprox_gradient_is_grad_f_plus_mu_w_minus_x_on_parameters_only() -> No
     w = {k: v.clone() for k, v in model.state_dict().items()}
     param_names = {n for n, _ in model.named_parameters()}
 
-    prox = hooks.extra_loss(model, torch.zeros(1), torch.zeros(1), torch.zeros(1))
+    prox = hooks.extra_loss(model, torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.zeros(1))
     expected = 0.5 * mu * sum(float(((w[n] - x[n]).double() ** 2).sum()) for n in param_names)
     assert float(prox.detach()) == pytest.approx(expected, rel=1e-6)
     assert expected > 0
@@ -487,8 +487,8 @@ def test_feddecorr_uses_the_features_entering_the_classifier() -> None:
     base = spec_.client()
 
     class Recording(type(base)):  # records what the loop hands the hook, and what it returns
-        def extra_loss(self, model, features, logits, y):
-            out = super().extra_loss(model, features, logits, y)
+        def extra_loss(self, model, x, features, logits, y):
+            out = super().extra_loss(model, x, features, logits, y)
             given.append((features.detach().clone(), float(out.detach())))
             return out
 

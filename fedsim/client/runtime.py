@@ -104,7 +104,7 @@ class ClientRuntime:
         server_round = int(msg.content.config_records[wire.CONFIG][wire.SERVER_ROUND])
         model, hooks = self.slot(k)
         data, t = self.data(pid), self.cfg.train
-        info = RoundInfo(server_round, pid, t.local_steps, t.local_epochs, t.lr, data.class_counts)
+        info = RoundInfo(server_round, pid, t.local_steps, t.local_epochs, t.lr, t.momentum, data.class_counts)
         seed = round_seed(self.cfg.seed, server_round, pid)
         seed_norm_noise(model, seed)  # a normaliser's own noise: per client and round, whatever process
         stream = self.stream(pid, seed)

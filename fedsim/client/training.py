@@ -44,11 +44,13 @@ class ClientRound:
 Forward = Callable[[list[torch.Tensor]], tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]]
 
 
-def client_loss(work: ClientRound, features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def client_loss(
+    work: ClientRound, x: torch.Tensor, features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
     """A client's training loss on one batch: cross-entropy of the hooks' logits plus the hooks' extra term."""
     logits = work.hooks.adjust_logits(logits, work.info)
     loss = F.cross_entropy(logits, y)
-    extra = work.hooks.extra_loss(work.model, features, logits, y)
+    extra = work.hooks.extra_loss(work.model, x, features, logits, y)
     return loss if extra is None else loss + extra
 
 
@@ -89,9 +91,11 @@ def train_local(
     optimizer.reset()  # momentum must not leak from the previous round or another client
     totals, steps = torch.zeros(len(clients), device=clients[0].stream.x.device), 0  # summed where the losses are
     for batch in zip(*(work.batches() for work in clients), strict=True):
-        features, logits = forward([x for x, _ in batch])
-        ys = [y for _, y in batch]
-        losses = torch.stack([client_loss(work, features[i], logits[i], ys[i]) for i, work in enumerate(clients)])
+        xs, ys = [x for x, _ in batch], [y for _, y in batch]
+        features, logits = forward(xs)
+        losses = torch.stack(
+            [client_loss(work, xs[i], features[i], logits[i], ys[i]) for i, work in enumerate(clients)]
+        )
         optimizer.zero_grad()
         losses.sum().backward()
         for work in clients:

@@ -22,7 +22,7 @@ class DivergingClient(ClientHooks["Diverging.Params"]):
         self.poisoned = (info.server_round, info.partition_id) == (self.params.round, self.params.client)
 
     def extra_loss(
-        self, model: FedsimModel, features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor
+        self, model: FedsimModel, x: torch.Tensor, features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor
     ) -> torch.Tensor | None:
         return torch.tensor(float("inf")) if self.poisoned and self.params.where == "loss" else None
 

@@ -23,7 +23,7 @@ class StepOrderClient(ClientHooks["StepOrder.Params"]):
         self.info = info
 
     def extra_loss(
-        self, model: FedsimModel, features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor
+        self, model: FedsimModel, x: torch.Tensor, features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor
     ) -> torch.Tensor | None:
         assert self.info is not None  # begin_round comes first (ClientHooks' call order)
         with open(Path(self.params.record_dir) / str(os.getpid()), "a") as f:  # one file per process: no races
