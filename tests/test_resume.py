@@ -27,6 +27,7 @@ from fedsim.record.checkpoint import Checkpoint, resume_config
 from fedsim.record.layout import CHECKPOINT, RECORD_VERSION
 from fedsim.record.run import read_run
 from fedsim.server.reporter import RoundReporter
+from tests import strategy_rows
 from tests.conftest import REPO, small_config, write_config
 
 WALL_CLOCK = ("time_s", "rss_mb")  # facts about the machine, not results
@@ -130,9 +131,9 @@ def stopped_in(raw: dict[str, Any], stop_round: int, monkeypatch: pytest.MonkeyP
 SCAFFOLD = {"strategy": {"name": "scaffold"}, "train": {"clients_per_round": 2}}
 CASES: dict[str, dict[str, Any]] = {
     "fedavg": {},
-    "fedyogi": {"strategy": {"name": "fedyogi", "eta": 0.01}},
-    # c_i of clients sampled at different rounds, some not at all before the checkpoint
-    "scaffold": SCAFFOLD,
+    # every strategy with state on the server or the clients (tests/strategy_rows.py); two clients a round: the
+    # state of clients sampled at different rounds, some not at all before the checkpoint
+    **{name: {**strategy_rows.sections(name), "train": {"clients_per_round": 2}} for name in strategy_rows.stateful()},
     # client 1 fails from round 2 on and is skipped: a checkpoint at round 3 or 9 holds the failures
     # that the next metrics line (4, 10) lists
     "skipped-failures": {
@@ -146,7 +147,8 @@ CASES: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.slow
 def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path: Path, case: str) -> None:
-    check_resume(tmp_path, stateful=case == "scaffold", **CASES[case])
+    stateful = case in strategy_rows.ROWS and strategy_rows.keeps_client_state(case)
+    check_resume(tmp_path, stateful=stateful, **CASES[case])
     if case == "skipped-failures":
         lines = metrics(tmp_path / "killed")
         assert [m["failed_clients"] for m in lines[:2]] == [{"2": [1]}, {"3": [1], "4": [1]}]

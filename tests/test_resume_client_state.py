@@ -23,14 +23,13 @@ from fedsim.digest import digest
 from fedsim.engines.runner import run
 from fedsim.record.checkpoint import CLIENT_STATE_RECORD, PAYLOAD, Checkpoint
 from fedsim.record.layout import CHECKPOINT, CLIENT_STATE
+from tests import strategy_rows
 from tests.conftest import small_config
 from tests.test_deploy import wait_no_processes
 from tests.test_resume import metrics, stopped_in
 
-STATEFUL = {
-    "scaffold": {"strategy": {"name": "scaffold"}},  # c_i
-    "fedbn": {"strategy": {"name": "fedbn"}, "model": {"norm": "bn"}},  # the BN layers' tensors and statistics
-}
+# every strategy whose clients keep state across rounds (SCAFFOLD's c_i, FedBN's BN tensors and statistics)
+STATEFUL = {name: strategy_rows.sections(name) for name in strategy_rows.ROWS if strategy_rows.keeps_client_state(name)}
 ROUNDS, EVERY, STOP = 6, 2, 4  # checkpoints at rounds 2 and 4; stopped after round 4's
 
 

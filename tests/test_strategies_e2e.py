@@ -26,12 +26,10 @@ from fedsim.errors import ConfigError
 from fedsim.experiment.resolve import resolve
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.fedbn import FEDBN_LOCAL
+from tests import strategy_rows
 from tests.conftest import small_config, write_config
 
-BUILTINS = [
-    "fedavg", "fedprox", "scaffold", "fedyogi", "fedlc", "fedrs", "feddecorr", "fedbn",
-    "fedadam", "fedadagrad", "fedavgm",
-]
+BUILTINS = list(strategy_rows.ROWS)
 COMPARED = ("round", "train_loss", "client_mean_acc", "global_acc", "client_acc")  # deterministic fields
 
 

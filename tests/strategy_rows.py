@@ -1,0 +1,50 @@
+"""One row per built-in strategy: the config sections of a small test run of it (its options, and what else it
+needs, e.g. FedBN's BN layers). The end-to-end, vmapped-clients and resume tests take their strategies from
+here, so a new strategy is tested under each of them by its one row (tests/test_strategy_rows.py checks every
+registered strategy has one)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedsim import wire
+from fedsim.strategies import STRATEGIES, ServerSetup
+from fedsim.strategies.server_half import Checkpointable
+
+ROWS: dict[str, dict[str, Any]] = {
+    "fedavg": {},
+    "fedprox": {"strategy": {"name": "fedprox", "mu": 0.1}},  # extra_loss over the client's own parameters
+    "scaffold": {"strategy": {"name": "scaffold"}},  # correct_gradients on its own .grad, c_i across rounds
+    "fedyogi": {"strategy": {"name": "fedyogi", "eta": 0.01}},  # server-side only: the clients are FedAvg's
+    "fedlc": {"strategy": {"name": "fedlc"}},  # adjust_logits from the client's own label counts
+    "fedrs": {"strategy": {"name": "fedrs"}},
+    "feddecorr": {"strategy": {"name": "feddecorr"}},  # extra_loss on the client's own features
+    "fedbn": {"strategy": {"name": "fedbn"}, "model": {"norm": "bn"}},  # its BN tensors stay on the client
+    "fedadam": {"strategy": {"name": "fedadam"}},
+    "fedadagrad": {"strategy": {"name": "fedadagrad"}},
+    "fedavgm": {"strategy": {"name": "fedavgm"}},
+}
+
+
+def sections(name: str) -> dict[str, Any]:
+    """The row's sections, with ``strategy.name`` set."""
+    row = ROWS[name]
+    return {**row, "strategy": {"name": name, **row.get("strategy", {})}}
+
+
+def keeps_client_state(name: str) -> bool:
+    """Whether the strategy's clients keep records across rounds (its protocol declares them)."""
+    return any(key.message == wire.CLIENT_STATE for key in STRATEGIES.get(name).protocol)
+
+
+def keeps_server_state(name: str) -> bool:
+    """Whether the strategy's server half has state a checkpoint must hold."""
+    spec = STRATEGIES.get(name)
+    options = {k: v for k, v in sections(name)["strategy"].items() if k != "name"}
+    server = spec(spec.Params.model_validate(options)).server(ServerSetup(4, parameter_keys=frozenset({"w"})))
+    return isinstance(server, Checkpointable)
+
+
+def stateful() -> list[str]:
+    """The strategies a resume must restore state for, on the client or the server."""
+    return [name for name in ROWS if keeps_client_state(name) or keeps_server_state(name)]
