@@ -37,6 +37,12 @@ def keeps_client_state(name: str) -> bool:
     return any(key.message == wire.CLIENT_STATE for key in STRATEGIES.get(name).protocol)
 
 
+def has_own_protocol(name: str) -> bool:
+    """Whether the strategy puts records of its own into Messages or its clients' state (its protocol rows): what
+    a transport or a runtime's node state could lose. The others' Messages are FedAvg's."""
+    return bool(STRATEGIES.get(name).protocol)
+
+
 def keeps_server_state(name: str) -> bool:
     """Whether the strategy's server half has state a checkpoint must hold."""
     spec = STRATEGIES.get(name)
