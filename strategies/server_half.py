@@ -10,6 +10,8 @@ the clients it sampled. fedsim builds its own strategies with minimums of one no
 Strategies whose state crosses rounds (SCAFFOLD's c, Yogi's m and v, FedAvgM's momentum) implement
 :class:`Checkpointable`, so a checkpoint restores them; a strategy without it is checkpointed as
 stateless.
+A strategy whose iterates are not the model to score (an average of its last iterates, say) implements
+:class:`ScoredModel`.
 """
 
 from __future__ import annotations
@@ -49,6 +51,16 @@ class Checkpointable(Protocol):
 
     def load_server_state(self, state: ArrayRecord) -> None:
         """Restore what :meth:`server_state` returned."""
+
+
+@runtime_checkable
+class ScoredModel(Protocol):
+    """A strategy whose evaluated model is not the one it trains on. fedsim's round loop scores
+    ``scored_arrays(x)`` (the clients' evaluation, the global evaluation, the diagnostics, ``model.pt``), where x
+    is the global model after the round's aggregation; the next round and every checkpoint go on from x."""
+
+    def scored_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The model to score, given the global model ``arrays`` that the last ``aggregate_train`` returned."""
 
 
 def state_record(slots: dict[str, dict[str, np.ndarray] | None]) -> ArrayRecord:

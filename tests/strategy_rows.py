@@ -23,6 +23,7 @@ ROWS: dict[str, dict[str, Any]] = {
     "fedadam": {"strategy": {"name": "fedadam"}},
     "fedadagrad": {"strategy": {"name": "fedadagrad"}},
     "fedavgm": {"strategy": {"name": "fedavgm"}},
+    "fedexp": {"strategy": {"name": "fedexp"}},  # server-side only; x^t as server state, scores the average
 }
 
 

@@ -25,7 +25,7 @@ from flwr.serverapp.strategy import Strategy
 from fedsim.deadline import call_within
 from fedsim.errors import DEBUG_ENV, ConfigError, FedsimError, TrainingError
 from fedsim.plugin_guard import plugin_code
-from fedsim.strategies.server_half import Checkpointable
+from fedsim.strategies.server_half import Checkpointable, ScoredModel
 
 T = TypeVar("T")
 Shapes = dict[str, tuple[tuple[int, ...], np.dtype]]  # tensor name -> (shape, dtype)
@@ -107,6 +107,16 @@ class CheckedStrategy:
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> None:
         self._call("aggregate_evaluate", lambda: self.strategy.aggregate_evaluate(server_round, replies))
+
+    def scored_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The model evaluation scores: a :class:`ScoredModel`'s, checked to be a whole model; else ``arrays``."""
+        if not isinstance(self.strategy, ScoredModel):
+            return arrays
+        strategy = self.strategy
+        scored = self._call("scored_arrays", lambda: strategy.scored_arrays(arrays))
+        if problem := model_mismatch(self.model, scored):
+            raise self._broke("scored_arrays", f"{problem}; it must return every tensor of the model")
+        return scored
 
     def server_state(self) -> ArrayRecord:
         """The strategy's state for a checkpoint (empty for a strategy without any)."""

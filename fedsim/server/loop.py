@@ -4,7 +4,8 @@ Each round: the sampler picks the clients (:mod:`fedsim.server.sampling`); the s
 their messages (``configure_train``); the grid delivers them; the reply checks
 (:mod:`fedsim.server.replies`) apply the failure policy and sort the good replies by partition; the
 strategy aggregates them (``aggregate_train``); a NaN / inf stops the run. On evaluation rounds the
-same for ``configure_evaluate`` / ``aggregate_evaluate`` on every client; then the reporter writes
+same for ``configure_evaluate`` / ``aggregate_evaluate`` on every client, of the model the strategy names
+to score (``scored_arrays``: the global model, unless it is a ``ScoredModel``); then the reporter writes
 the round, and every ``output.checkpoint_every`` rounds the checkpointer saves it. A resumed run
 starts at the round after its checkpoint.
 """
@@ -72,8 +73,11 @@ class RoundLoop:
         for server_round in range(first, self.cfg.train.rounds + 1):
             arrays, loss = self.train(server_round, arrays)
             self.reporter.trained()
-            scores = self.evaluate(server_round, arrays) if self.cadence.is_eval_round(server_round) else None
-            self.reporter.round_done(server_round, arrays, loss, scores)
+            scored, scores = arrays, None
+            if self.cadence.is_eval_round(server_round):
+                scored = self.strategy.scored_arrays(arrays)
+                scores = self.evaluate(server_round, scored)
+            self.reporter.round_done(server_round, scored, loss, scores)
             if self.checkpoints.due(server_round):
                 state = self.strategy.server_state()
                 failures = self.reporter.pending_failures
@@ -227,7 +231,7 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
     reporter.say_left_out()
     summary[DATA_FINGERPRINT] = data_sha256
     if cfg.output.save_model:
-        out.save_model(arrays.to_torch_state_dict())
+        out.save_model(strategy.scored_arrays(arrays).to_torch_state_dict())  # the model the metrics scored
     checkpoints.finish()
     summary = out.write_summary(summary)  # last: a finished summary means a finished run directory
     if show:
