@@ -23,6 +23,7 @@ ROWS: dict[str, dict[str, Any]] = {
     "fedadam": {"strategy": {"name": "fedadam"}},
     "fedadagrad": {"strategy": {"name": "fedadagrad"}},
     "fedavgm": {"strategy": {"name": "fedavgm"}},
+    "moon": {"strategy": {"name": "moon"}},  # extra_loss through each client's own frozen global and previous models
 }
 
 
