@@ -25,6 +25,7 @@ from fedsim.strategies import (  # noqa: F401 (the built-ins register themselves
     fedprox,
     fedrs,
     fedyogi,
+    moon,
     scaffold,
     server_opt,
 )

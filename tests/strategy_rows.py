@@ -24,6 +24,7 @@ ROWS: dict[str, dict[str, Any]] = {
     "fedadagrad": {"strategy": {"name": "fedadagrad"}},
     "fedavgm": {"strategy": {"name": "fedavgm"}},
     "fedexp": {"strategy": {"name": "fedexp"}},  # server-side only; x^t as server state, scores the average
+    "moon": {"strategy": {"name": "moon"}},  # extra_loss through each client's own frozen global and previous models
 }
 
 
