@@ -19,6 +19,7 @@ ROWS: dict[str, dict[str, Any]] = {
     "fedlc": {"strategy": {"name": "fedlc"}},  # adjust_logits from the client's own label counts
     "fedrs": {"strategy": {"name": "fedrs"}},
     "feddecorr": {"strategy": {"name": "feddecorr"}},  # extra_loss on the client's own features
+    "fedntd": {"strategy": {"name": "fedntd"}},  # extra_loss from its own frozen copy of the global model
     "fedbn": {"strategy": {"name": "fedbn"}, "model": {"norm": "bn"}},  # its BN tensors stay on the client
     "fedadam": {"strategy": {"name": "fedadam"}},
     "fedadagrad": {"strategy": {"name": "fedadagrad"}},

@@ -108,6 +108,10 @@ PINNED: dict[str, corpus.Case] = {
     "feddecorr-beta-negative": run(
         "strategy={name: feddecorr, beta: -1}", expect=("strategy.beta = -1", "greater than or equal to 0")
     ),
+    "fedntd-beta-negative": run(
+        "strategy={name: fedntd, beta: -1}", expect=("strategy.beta = -1", "greater than or equal to 0")
+    ),
+    "fedntd-tau-zero": run("strategy={name: fedntd, tau: 0}", expect=("strategy.tau = 0", "greater than 0")),
     "bn-momentum-above-one": run(
         "model.norm={name: bn, momentum: 2}", expect=("model.norm.momentum = 2", "less than or equal to 1")
     ),
