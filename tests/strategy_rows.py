@@ -23,6 +23,7 @@ ROWS: dict[str, dict[str, Any]] = {
     "fedadam": {"strategy": {"name": "fedadam"}},
     "fedadagrad": {"strategy": {"name": "fedadagrad"}},
     "fedavgm": {"strategy": {"name": "fedavgm"}},
+    "feddyn": {"strategy": {"name": "feddyn", "alpha": 0.1}},  # correct_gradients, g_k across rounds, h on the server
 }
 
 

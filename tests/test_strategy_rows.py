@@ -12,7 +12,7 @@ def test_every_builtin_strategy_has_a_row() -> None:
 
 
 def test_the_rows_tell_stateful_strategies_from_stateless_ones() -> None:
-    # SCAFFOLD's c_i and FedBN's tensors live on the clients; Yogi's m and v, FedAvgM's momentum on the server
-    assert [n for n in strategy_rows.ROWS if strategy_rows.keeps_client_state(n)] == ["scaffold", "fedbn"]
-    assert {"scaffold", "fedyogi", "fedavgm", "fedadam"} <= set(strategy_rows.stateful())
+    # SCAFFOLD's c_i, FedBN's tensors and FedDyn's g_k live on the clients (FedDyn's h on the server); Yogi's m and v, FedAvgM's momentum on the server
+    assert [n for n in strategy_rows.ROWS if strategy_rows.keeps_client_state(n)] == ["scaffold", "fedbn", "feddyn"]
+    assert {"scaffold", "fedyogi", "fedavgm", "fedadam", "feddyn"} <= set(strategy_rows.stateful())
     assert not {"fedavg", "fedprox", "fedlc", "fedrs", "feddecorr"} & set(strategy_rows.stateful())
