@@ -20,6 +20,7 @@ from fedsim.strategies import (  # noqa: F401 (the built-ins register themselves
     fedavg,
     fedbn,
     feddecorr,
+    feddyn,
     fedexp,
     fedlc,
     fedntd,

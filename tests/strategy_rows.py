@@ -26,6 +26,7 @@ ROWS: dict[str, dict[str, Any]] = {
     "fedavgm": {"strategy": {"name": "fedavgm"}},
     "fedexp": {"strategy": {"name": "fedexp"}},  # server-side only; x^t as server state, scores the average
     "moon": {"strategy": {"name": "moon"}},  # extra_loss through each client's own frozen global and previous models
+    "feddyn": {"strategy": {"name": "feddyn", "alpha": 0.1}},  # correct_gradients, g_k across rounds, h on the server
 }
 
 

@@ -101,6 +101,7 @@ PINNED: dict[str, corpus.Case] = {
     "fedavgm-momentum-one": run(
         "strategy={name: fedavgm, server_momentum: 1}", expect=("strategy.server_momentum = 1", "less than 1")
     ),
+    "feddyn-alpha-zero": run("strategy={name: feddyn, alpha: 0}", expect=("strategy.alpha = 0", "greater than 0")),
     "scaffold-eta-g-zero": run("strategy={name: scaffold, eta_g: 0}", expect=("strategy.eta_g = 0", "greater than 0")),
     "fedlc-tau-negative": run(
         "strategy={name: fedlc, tau: -1}", expect=("strategy.tau = -1", "greater than or equal to 0")
