@@ -21,6 +21,7 @@ from fedsim.strategies import (  # noqa: F401 (the built-ins register themselves
     fedbn,
     feddecorr,
     fedlc,
+    fednova,
     fedprox,
     fedrs,
     fedyogi,

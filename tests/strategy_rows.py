@@ -23,6 +23,7 @@ ROWS: dict[str, dict[str, Any]] = {
     "fedadam": {"strategy": {"name": "fedadam"}},
     "fedadagrad": {"strategy": {"name": "fedadagrad"}},
     "fedavgm": {"strategy": {"name": "fedavgm"}},
+    "fednova": {"strategy": {"name": "fednova"}},  # its own record beside the model; FedAvg under local_steps
 }
 
 

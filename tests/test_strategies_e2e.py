@@ -75,6 +75,8 @@ def test_strategies_change_training_where_they_should(tmp_path_factory: pytest.T
     # μ = 0 and no server momentum: the same numbers as FedAvg, so the defaults' differences are real
     mu0, _ = run_strategy(tmp_path_factory, "fedprox", "ln", mu=0.0)
     assert mu0 == fedavg
+    # every client takes train.local_steps: equal ‖a_i‖₁, and FedNova is FedAvg bit for bit
+    assert run_strategy(tmp_path_factory, "fednova", "ln")[0] == fedavg
     for name in ("fedprox", "scaffold", "fedyogi", "fedlc", "fedrs", "feddecorr", "fedadam"):
         assert run_strategy(tmp_path_factory, name, "ln")[0][-1]["train_loss"] != fedavg[-1]["train_loss"], name
 

@@ -15,4 +15,4 @@ def test_the_rows_tell_stateful_strategies_from_stateless_ones() -> None:
     # SCAFFOLD's c_i and FedBN's tensors live on the clients; Yogi's m and v, FedAvgM's momentum on the server
     assert [n for n in strategy_rows.ROWS if strategy_rows.keeps_client_state(n)] == ["scaffold", "fedbn"]
     assert {"scaffold", "fedyogi", "fedavgm", "fedadam"} <= set(strategy_rows.stateful())
-    assert not {"fedavg", "fedprox", "fedlc", "fedrs", "feddecorr"} & set(strategy_rows.stateful())
+    assert not {"fedavg", "fedprox", "fedlc", "fedrs", "feddecorr", "fednova"} & set(strategy_rows.stateful())
