@@ -23,6 +23,7 @@ from fedsim.strategies import (  # noqa: F401 (the built-ins register themselves
     feddyn,
     fedexp,
     fedlc,
+    fednova,
     fedntd,
     fedprox,
     fedrs,

@@ -27,6 +27,7 @@ ROWS: dict[str, dict[str, Any]] = {
     "fedexp": {"strategy": {"name": "fedexp"}},  # server-side only; x^t as server state, scores the average
     "moon": {"strategy": {"name": "moon"}},  # extra_loss through each client's own frozen global and previous models
     "feddyn": {"strategy": {"name": "feddyn", "alpha": 0.1}},  # correct_gradients, g_k across rounds, h on the server
+    "fednova": {"strategy": {"name": "fednova"}},  # its own record beside the model; FedAvg under local_steps
 }
 
 

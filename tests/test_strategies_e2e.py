@@ -76,6 +76,8 @@ def test_strategies_change_training_where_they_should(tmp_path_factory: pytest.T
     mu0, _ = run_strategy(tmp_path_factory, "fedprox", "ln", mu=0.0)
     assert mu0 == fedavg
     assert run_strategy(tmp_path_factory, "fedntd", "ln", beta=0.0)[0] == fedavg  # β = 0: no distillation
+    # every client takes train.local_steps: equal ‖a_i‖₁, and FedNova is FedAvg bit for bit
+    assert run_strategy(tmp_path_factory, "fednova", "ln")[0] == fedavg
     for name in ("fedprox", "scaffold", "fedyogi", "fedlc", "fedrs", "feddecorr", "fedntd", "fedadam", "feddyn"):
         assert run_strategy(tmp_path_factory, name, "ln")[0][-1]["train_loss"] != fedavg[-1]["train_loss"], name
 
