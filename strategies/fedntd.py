@@ -9,8 +9,6 @@ so their (β, τ) is fedsim's (β·τ², τ); at the default τ = 1 the two agre
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 from flwr.app import RecordDict
@@ -18,7 +16,7 @@ from pydantic import Field
 
 from fedsim.models import FedsimModel
 from fedsim.strategies.base import STRATEGIES, StrategySpec
-from fedsim.strategies.hooks import ClientHooks, RoundInfo
+from fedsim.strategies.hooks import ClientHooks, RoundInfo, frozen_copy
 
 
 def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -45,7 +43,7 @@ class FedNTDClient(ClientHooks["FedNTDSpec.Params"]):
     def begin_round(self, model: FedsimModel, content: RecordDict, state: RecordDict, info: RoundInfo) -> None:
         # eval mode: BN's running statistics, no noise drawn; the authors' copy is taken after their client
         # evaluation, so it is in eval mode too (all but the run's first client)
-        self.global_model = copy.deepcopy(model).eval().requires_grad_(False) if self.params.beta > 0 else None
+        self.global_model = frozen_copy(model) if self.params.beta > 0 else None
 
     def extra_loss(
         self, model: FedsimModel, x: torch.Tensor, features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor

@@ -6,6 +6,7 @@ FedAvg; its options arrive typed, as the strategy's validated ``Params`` (``Clie
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -30,6 +31,12 @@ class RoundInfo:
     lr: float
     momentum: float  # the local SGD's (FedNova's normalisation counts it)
     class_counts: torch.Tensor  # this client's training samples per class (FedLC, FedRS)
+
+
+def frozen_copy(model: FedsimModel) -> FedsimModel:
+    """A copy of ``model`` (its device, dtype and memory format) in eval mode that takes no gradient: the other
+    models a client term runs on the batch (MOON's global and previous models, FedNTD's global one)."""
+    return copy.deepcopy(model).eval().requires_grad_(False)
 
 
 class ClientHooks(Generic[P]):

@@ -11,8 +11,6 @@ projection head (docs/algorithms.md). Server: FedAvg.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 from flwr.app import RecordDict
@@ -22,16 +20,9 @@ from fedsim import wire
 from fedsim.arrays import dump_arrays, load_arrays
 from fedsim.models import FedsimModel
 from fedsim.strategies.base import STRATEGIES, StrategySpec
-from fedsim.strategies.hooks import ClientHooks, RoundInfo
+from fedsim.strategies.hooks import ClientHooks, RoundInfo, frozen_copy
 
 MOON_PREVIOUS = "moon.previous"  # Context.state: the client's local model after its last participation
-
-
-def frozen_copy(model: FedsimModel) -> FedsimModel:
-    """A copy of ``model`` (its device, dtype and memory format) in eval mode that takes no gradient."""
-    frozen = copy.deepcopy(model).eval()
-    frozen.requires_grad_(False)
-    return frozen
 
 
 class MoonClient(ClientHooks["MoonSpec.Params"]):
