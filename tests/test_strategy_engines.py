@@ -1,5 +1,5 @@
 """Every built-in strategy with records of its own (tests/strategy_rows.py: its protocol rows) gives the numbers
-of the inline engine under Flower's simulation runtime and under ``fedsim deploy`` (a SuperLink and a SuperNode
+of the inline engine under a Ray pool, Flower's simulation runtime and ``fedsim deploy`` (a SuperLink and a SuperNode
 per client): its Message records go over each transport and its client state lives in each runtime's node
 contexts (Ray actors, Flower's node states, SuperNode processes). Two clients of three train each round, so a
 client's state waits rounds between uses. The other strategies send FedAvg's Messages, whose engines agree
@@ -27,7 +27,7 @@ TRAIN = {"rounds": 3, "num_clients": 3, "clients_per_round": 2}
 @pytest.mark.slow
 @pytest.mark.long
 @pytest.mark.parametrize("name", [name for name in strategy_rows.ROWS if strategy_rows.has_own_protocol(name)])
-def test_every_strategy_gives_the_inline_numbers_under_flower_and_deploy(tmp_path: Path, name: str) -> None:
+def test_every_strategy_gives_the_inline_numbers_under_ray_flower_and_deploy(tmp_path: Path, name: str) -> None:
     sections: dict[str, Any] = {**strategy_rows.sections(name), "train": TRAIN, "eval": {"every": 1}}
 
     def config(where: str, **more: Any) -> Any:
@@ -35,6 +35,8 @@ def test_every_strategy_gives_the_inline_numbers_under_flower_and_deploy(tmp_pat
 
     inline = metrics(Path(run(config("inline"))["run_dir"]))
     assert [m["round"] for m in inline] == [1, 2, 3]
+    pool = config("pool", simulation={"backend": "ray", "client_resources": {"num_cpus": 1}})
+    assert metrics(Path(run(pool)["run_dir"])) == inline  # Ray actors: bit for bit
     flower = config("flower", engine="flower", simulation={"client_resources": {"num_cpus": 1}})
     assert metrics(Path(run(flower)["run_dir"])) == inline  # Flower's runtime: bit for bit
     deployed = metrics(Path(deploy(config("deploy"))["run_dir"]))
