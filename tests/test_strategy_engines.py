@@ -25,7 +25,7 @@ TRAIN = {"rounds": 3, "num_clients": 3, "clients_per_round": 2}
 
 
 @pytest.mark.slow
-@pytest.mark.long
+@pytest.mark.engines
 @pytest.mark.parametrize("name", [name for name in strategy_rows.ROWS if strategy_rows.has_own_protocol(name)])
 def test_every_strategy_gives_the_inline_numbers_under_ray_flower_and_deploy(tmp_path: Path, name: str) -> None:
     sections: dict[str, Any] = {**strategy_rows.sections(name), "train": TRAIN, "eval": {"every": 1}}
