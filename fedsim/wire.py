@@ -58,6 +58,10 @@ STATE_SHA256 = "state-sha256"  # a node's answer: the SHA-256 of the state file 
 # Records of the core's own beside the model (a strategy's records: its StrategySpec.protocol)
 PACKED = "fedsim.packed"  # ConfigRecord, between processes only: packed ArrayRecords' layout (fedsim.deploy.packing)
 CLIENT_STATE = "Context.state"  # a row's message for a record a client keeps between rounds (SAVE_STATE saves it)
+DELIVERY = "fedsim.delivery"  # ConfigRecord on every message to a node: what the server kept of its replies
+ACCEPTED_ROUND = "accepted-round"  # the last round whose training reply from the node the server aggregated
+PENDING = "fedsim.pending"  # Context.state, under on_client_failure: skip: a round's state changes held
+PENDING_RECORD = "fedsim.pending:"  # Context.state: the prefix of a held record's name (fedsim.client.pending)
 STATE_SEP = "/"  # server_state() keys are "<slot>/<tensor name>", e.g. "v_t/fc.weight"
 
 
@@ -85,6 +89,10 @@ PROTOCOL: tuple[Key, ...] = (
     Key(TRAIN, "server → client", ARRAYS, "*", "ArrayRecord", "the global model's state dict"),
     Key(TRAIN, "server → client", CONFIG, SERVER_ROUND, "int", "the round"),
     Key(TRAIN, "server → client", CONFIG, RUN_CONFIG, "str", "the run's config as JSON"),
+    Key(
+        TRAIN, "server → client", DELIVERY, ACCEPTED_ROUND, "int",
+        "the last round whose training reply from this node the server aggregated (0: none)",
+    ),  # fmt: skip
     Key(TRAIN, "client → server", ARRAYS, "*", "ArrayRecord", "the model after local training (FedBN: no norms)"),
     Key(TRAIN, "client → server", METRICS, NUM_EXAMPLES, "int", "samples trained on (the averaging weight)"),
     Key(TRAIN, "client → server", METRICS, TRAIN_LOSS, "float", "mean training loss over the local steps"),
@@ -92,6 +100,10 @@ PROTOCOL: tuple[Key, ...] = (
     Key(EVALUATE, "server → client", ARRAYS, "*", "ArrayRecord", "the global model's state dict"),
     Key(EVALUATE, "server → client", CONFIG, SERVER_ROUND, "int", "the round"),
     Key(EVALUATE, "server → client", CONFIG, RUN_CONFIG, "str", "the run's config as JSON"),
+    Key(
+        EVALUATE, "server → client", DELIVERY, ACCEPTED_ROUND, "int",
+        "the last round whose training reply from this node the server aggregated (0: none)",
+    ),  # fmt: skip
     Key(EVALUATE, "client → server", METRICS, NUM_EXAMPLES, "int", "the client's test samples"),
     Key(EVALUATE, "client → server", METRICS, CORRECT, "int", "test samples classified correctly"),
     Key(EVALUATE, "client → server", METRICS, EVAL_LOSS, "float", "summed test loss"),
@@ -100,6 +112,10 @@ PROTOCOL: tuple[Key, ...] = (
     Key(SAVE_STATE, "server → client", CONFIG, STATE_KEEP, "int", "the last committed checkpoint's round"),
     Key(SAVE_STATE, "server → client", CONFIG, STATE_DIR, "str", "the default state directory"),
     Key(SAVE_STATE, "server → client", CONFIG, RUN_KEY, "str", "this run's subdirectory"),
+    Key(
+        SAVE_STATE, "server → client", DELIVERY, ACCEPTED_ROUND, "int",
+        "the last round whose training reply from this node the server aggregated (0: none)",
+    ),  # fmt: skip
     Key(SAVE_STATE, "client → server", METRICS, PARTITION_ID, "int", "who saved"),
     Key(SAVE_STATE, "client → server", CONFIG, STATE_SHA256, "str", 'SHA-256 of the file written (hex; "": no state)'),
     Key(LOAD_STATE, "server → client", CONFIG, STATE_ROUND, "int", "load the newest state of round <= this (0: none)"),
@@ -109,6 +125,11 @@ PROTOCOL: tuple[Key, ...] = (
     Key(LOAD_STATE, "client → server", CONFIG, STATE_ROUND, "int", "the round of the file read (0: none)"),
     Key(LOAD_STATE, "client → server", CONFIG, STATE_SHA256, "str", 'SHA-256 of the file read (hex; "": none)'),
     Key(LOAD_STATE, "client → server", CONFIG, STATE_DIR, "str", "the directory it read from (for messages)"),
+    Key(CLIENT_STATE, "client", PENDING, SERVER_ROUND, "int", "on_client_failure: skip: the round of the held changes"),
+    Key(
+        CLIENT_STATE, "client", PENDING_RECORD, "<record name>", "any record",
+        "held as fedsim.pending:<record name>: that round's new value, applied once the server aggregated its reply",
+    ),  # fmt: skip
     Key("any", "both ways", PACKED, "<record name>", "str", "under a SuperLink: that ArrayRecord packed (JSON layout)"),
 )
 

@@ -65,3 +65,25 @@ def test_clients_that_failed_alike_are_named_together() -> None:
     # the clients of one lost Ray worker, or of one SuperLink's answer for nodes it lost, fail with one reason
     reasons = {3: "their Ray worker died", 0: "RuntimeError: x", 1: "their Ray worker died"}
     assert describe_failures(reasons) == "client 0: RuntimeError: x; clients 1, 3: their Ray worker died"
+
+
+@pytest.mark.parametrize("engine", ["inline", pytest.param("ray", marks=pytest.mark.slow)])
+def test_a_client_that_fails_after_its_state_changed_keeps_the_state_the_server_knows(
+    tmp_path: Path, engine: str
+) -> None:
+    # SCAFFOLD's client 1 fails in round 2 after end_round changed its c_i: the server never saw that Δc_i, so
+    # the run must go on exactly as if the client had failed before training (c stays the mean of the c_i)
+    def run_failing(when: str) -> list[dict]:
+        strategy = {"name": "tests.plugins.flaky_scaffold:FlakyScaffold", "fail_round": 2, "when": when}
+        cfg = small_config(
+            tmp_path / when, strategy=strategy, train={"on_client_failure": "skip"}, eval={"every": 1},
+            simulation={"backend": engine, "threads": 1},
+        )  # fmt: skip
+        with pytest.warns(ClientsLeftOut, match=r"round 2: 1\Z"):
+            summary = run(parse_config(cfg))
+        return [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+
+    after, before = run_failing("after"), run_failing("before")
+    measured = [{k: v for k, v in m.items() if k not in ("time_s", "rss_mb")} for m in after]
+    assert measured == [{k: v for k, v in m.items() if k not in ("time_s", "rss_mb")} for m in before]
+    assert after[1]["failed_clients"] == {"2": [1]} and len(after) == 4

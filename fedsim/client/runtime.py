@@ -18,6 +18,7 @@ import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from fedsim import wire
+from fedsim.client.pending import commit, hold, settle, stage
 from fedsim.client.sgd import LocalSgd
 from fedsim.client.training import ClientRound, TrainResult, train_local
 from fedsim.config import RunConfig
@@ -108,6 +109,7 @@ class ClientRuntime:
         seed = round_seed(self.cfg.seed, server_round, pid)
         seed_norm_noise(model, seed)  # a normaliser's own noise: per client and round, whatever process
         stream = self.stream(pid, seed)
+        settle(context.state, msg)
         hooks.load_global(model, msg.content.array_records[wire.ARRAYS], context.state)
         hooks.begin_round(model, msg.content, context.state, info)
         return ClientRound(model, hooks, stream, info)
@@ -122,8 +124,11 @@ class ClientRuntime:
         )  # fmt: skip
 
     def reply(self, work: ClientRound, msg: Message, context: Context, result: TrainResult) -> Message:
-        reply = work.hooks.end_round(work.model, context.state, work.info, result.steps)
-        reply[wire.ARRAYS] = work.hooks.reply_arrays(work.model, context.state)
+        """The training reply; the state changes of its hooks apply only with a reply the server keeps
+        (:mod:`fedsim.client.pending`)."""
+        staged = stage(context.state)
+        reply = work.hooks.end_round(work.model, staged, work.info, result.steps)
+        reply[wire.ARRAYS] = work.hooks.reply_arrays(work.model, staged)
         reply[wire.METRICS] = MetricRecord(
             {
                 wire.NUM_EXAMPLES: work.stream.num_samples,
@@ -131,11 +136,16 @@ class ClientRuntime:
                 wire.PARTITION_ID: work.info.partition_id,
             }
         )
+        if self.cfg.train.on_client_failure == "skip":
+            hold(context.state, staged, work.info.server_round)
+        else:
+            commit(context.state, staged)
         return Message(reply, reply_to=msg)
 
     def evaluate(self, msg: Message, context: Context) -> Message:
         pid = wire.node_partition(context)
         data = self.data(pid)
+        settle(context.state, msg)
         self.hooks.load_for_eval(self.model, msg.content.array_records[wire.ARRAYS], context.state)
         loss, correct, _ = evaluate(
             self.model, data.x_test, data.y_test, self.cfg.eval.batch_size,

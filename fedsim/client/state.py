@@ -21,6 +21,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.common.serde import ProtoRecordDict, recorddict_from_proto, recorddict_to_proto
 
 from fedsim import wire
+from fedsim.client.pending import settle
 from fedsim.errors import FedsimError
 from fedsim.files import remove, write_file
 from fedsim.reading import GIB, read_bytes
@@ -99,6 +100,7 @@ def state_query(msg: Message, context: Context) -> ConfigRecord:
     config = msg.content.config_records[wire.CONFIG]
     (root, directory), server_round = state_dir(config, context), int(config[wire.STATE_ROUND])
     if msg.metadata.message_type == wire.SAVE_STATE:
+        settle(context.state, msg)  # a checkpoint holds what the server kept of the node's replies
         sha256 = save_client_state(context.state, directory, server_round, int(config[wire.STATE_KEEP]), root)
         return ConfigRecord({wire.STATE_SHA256: sha256})
     loaded = load_client_state(directory, server_round)

@@ -36,6 +36,7 @@ from fedsim.record.claim import metrics_so_far
 from fedsim.record.layout import CLIENT_STATE
 from fedsim.record.writer import RunDir
 from fedsim.server.client_states import check_loaded, record_of, rounds_to_load
+from fedsim.server.delivery import Deliveries
 from fedsim.server.replies import describe_failures, missing_replies
 
 
@@ -73,6 +74,7 @@ class Checkpointer:
         self.cfg, self.out, self.grid, self.data_sha256 = cfg, out, grid, data_sha256
         self.every = cfg.output.checkpoint_every
         self.partition_of_node = {n: p for p, n in node_of_partition.items()}
+        self.deliveries = Deliveries(self.partition_of_node)  # the round loop records them; every message carries them
         if resumed is None:  # a fresh run: a run key of its own, so no node ever loads another run's state
             self.run_key, self.last, self.record = f"{out.path.name}-{uuid.uuid4().hex[:8]}", 0, {}
         else:
@@ -135,7 +137,8 @@ class Checkpointer:
             )
             for node, pid in sorted(self.partition_of_node.items())
         ]
-        replies = list(self.grid.send_and_receive(messages, timeout=self.cfg.train.round_timeout_s))
+        stamped = self.deliveries.stamp(messages)
+        replies = list(self.grid.send_and_receive(stamped, timeout=self.cfg.train.round_timeout_s))
         # a checkpoint missing one client's state would not resume to the same run: no failure policy here
         everyone = sorted(self.partition_of_node.values())
         reasons = missing_replies(replies, everyone, self.partition_of_node, self.cfg.train.round_timeout_s)

@@ -100,6 +100,7 @@ class RoundLoop:
             new, metrics = self.strategy.aggregate_train(server_round, replies)
         if problems := divergence(replies, new, self.cfg.train.max_loss):
             raise TrainingError(f"training diverged in round {server_round}: " + "; ".join(problems))
+        self.checkpoints.deliveries.accept(server_round, replies)
         loss = float(metrics[wire.TRAIN_LOSS]) if metrics is not None and wire.TRAIN_LOSS in metrics else None
         return new, loss
 
@@ -142,7 +143,7 @@ class RoundLoop:
         gone = {p: f"node {self.node_of_partition[p]} is no longer connected" for p in unaddressed}
         sent = [p for p in partitions if p not in gone]
         timeout = self.cfg.train.round_timeout_s
-        ordered = [addressed[self.node_of_partition[p]] for p in sent]
+        ordered = self.checkpoints.deliveries.stamp(addressed[self.node_of_partition[p]] for p in sent)
         replies = list(self.grid.send_and_receive(ordered, timeout=timeout))
         if missing := {**missing_replies(replies, sent, self.partition_of_node, timeout), **gone}:
             why = describe_failures(missing)
