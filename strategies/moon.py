@@ -5,8 +5,8 @@ sim the cosine similarity, z the representation of the batch's inputs by the mod
 round's global model and z_prev by the client's own model after its last participation (kept in its
 ``Context.state``), both frozen. A client with no previous model (its first participation) trains on CE alone, as
 the authors' code does (its contrastive logits then hold the positive pair only, and CE of one logit is 0).
-The representation is the model's classifier input (``forward_features``): the paper's variant without the
-projection head (docs/algorithms.md). Server: FedAvg.
+The representation is the model's classifier input: the projection head's output with ``model.projection`` (the
+paper's MOON), else the features (``forward_features``; docs/algorithms.md). Server: FedAvg.
 """
 
 from __future__ import annotations
@@ -34,11 +34,13 @@ class MoonClient(ClientHooks["MoonSpec.Params"]):
         self.previous: FedsimModel | None = None  # None: no previous local model this round
 
     def begin_round(self, model: FedsimModel, content: RecordDict, state: RecordDict, info: RoundInfo) -> None:
+        self.previous = None
+        if self.params.mu == 0:  # FedAvg: no term, so no frozen models and no state
+            return
         if self.frozen is None:
             self.frozen = (frozen_copy(model), frozen_copy(model))
         global_model, previous = self.frozen
         global_model.load_state_dict(model.state_dict())  # the round's received model
-        self.previous = None
         if MOON_PREVIOUS in state:
             load_arrays(previous, state[MOON_PREVIOUS])
             self.previous = previous
@@ -46,20 +48,21 @@ class MoonClient(ClientHooks["MoonSpec.Params"]):
     def extra_loss(
         self, model: FedsimModel, x: torch.Tensor, features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor
     ) -> torch.Tensor | None:
-        if self.previous is None or self.frozen is None or self.params.mu == 0:
+        if self.previous is None or self.frozen is None:
             return None
         with torch.no_grad():
-            z_glob = self.frozen[0].forward_features(x)
-            z_prev = self.previous.forward_features(x)
-        tau = self.params.temperature
+            z_glob = self.frozen[0].project(self.frozen[0].forward_features(x))
+            z_prev = self.previous.project(self.previous.forward_features(x))
+        z, tau = model.project(features), self.params.temperature
         similarities = torch.stack(
-            [F.cosine_similarity(features, z_glob, dim=-1), F.cosine_similarity(features, z_prev, dim=-1)], dim=1
+            [F.cosine_similarity(z, z_glob, dim=-1), F.cosine_similarity(z, z_prev, dim=-1)], dim=1
         )
-        positive = torch.zeros(len(features), dtype=torch.long, device=features.device)  # z_glob is column 0
+        positive = torch.zeros(len(z), dtype=torch.long, device=z.device)  # z_glob is column 0
         return self.params.mu * F.cross_entropy(similarities / tau, positive)  # the batch mean of ℓ_con
 
     def end_round(self, model: FedsimModel, state: RecordDict, info: RoundInfo, steps: int) -> RecordDict:
-        state[MOON_PREVIOUS] = dump_arrays(model)
+        if self.params.mu > 0:
+            state[MOON_PREVIOUS] = dump_arrays(model)
         return RecordDict()
 
 

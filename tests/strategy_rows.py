@@ -25,7 +25,8 @@ ROWS: dict[str, dict[str, Any]] = {
     "fedadagrad": {"strategy": {"name": "fedadagrad"}},
     "fedavgm": {"strategy": {"name": "fedavgm"}},
     "fedexp": {"strategy": {"name": "fedexp"}},  # server-side only; x^t as server state, scores the average
-    "moon": {"strategy": {"name": "moon"}},  # extra_loss through each client's own frozen global and previous models
+    # extra_loss through each client's own frozen global and previous models, on the paper's projection head
+    "moon": {"strategy": {"name": "moon"}, "model": {"projection": 16}},
     "feddyn": {"strategy": {"name": "feddyn", "alpha": 0.1}},  # correct_gradients, g_k across rounds, h on the server
     "fednova": {"strategy": {"name": "fednova"}},  # its own record beside the model; FedAvg under local_steps
 }

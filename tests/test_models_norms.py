@@ -114,6 +114,22 @@ def test_norm_position(position: str, sees_negatives: bool) -> None:
     assert bool((seen[0] < 0).any()) is sees_negatives  # after ReLU the norm sees no negatives
 
 
+@pytest.mark.parametrize("model_name", ["cnn", "resnet18"])
+def test_the_projection_head_sits_between_the_features_and_the_classifier(model_name: str) -> None:
+    # MOON Sec. 3.2: base encoder -> projection head (d -> d -> ReLU ... -> width) -> output layer on the head
+    plain, projected = build(model_name, "ln"), build(model_name, "ln", projection=32)
+    d = plain.feature_dim
+    assert plain.projector is None and projected.feature_dim == d
+    l1, act, l2 = projected.projector  # type: ignore[misc]
+    assert (l1.in_features, l1.out_features, l2.in_features, l2.out_features) == (d, d, d, 32)
+    assert isinstance(act, nn.ReLU) and projected.classifier.in_features == 32  # type: ignore[union-attr]
+    assert n_params(projected) - n_params(plain) == d * d + d * 32 + 32 * 10 - d * 10  # no biases by default
+    x = torch.randn(3, *CIFAR)
+    h = projected.forward_features(x)
+    assert h.shape == (3, d)
+    torch.testing.assert_close(projected(x), projected.classifier(l2(F.relu(l1(h)))))
+
+
 def test_gn_and_bn_sites() -> None:
     gn = build("cnn", "gn")
     assert isinstance(gn.norm1, nn.GroupNorm) and gn.norm1.num_groups == 2

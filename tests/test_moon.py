@@ -31,9 +31,19 @@ from tests.conftest import small_config, write_config
 LR, STEPS, BATCH, CLASSES, SHAPE = 0.1, 3, 8, 3, (1, 4, 4)
 
 
-def model() -> FedsimModel:
+def model(projection: int | None = None) -> FedsimModel:
     torch.manual_seed(0)
-    return create_model("mlp", CLASSES, SHAPE, create_norm("ln"), {"hidden": [6, 5]})
+    return create_model("mlp", CLASSES, SHAPE, create_norm("ln"), {"hidden": [6, 5], "projection": projection})
+
+
+def representation(m: FedsimModel, x: torch.Tensor) -> torch.Tensor:
+    """The paper's z: the base encoder's output through the projection head (l1, ReLU, l2; MOON Sec. 3.2) when
+    the model has one, else the base encoder's output."""
+    h = m.forward_features(x)
+    if m.params.projection is None:
+        return h
+    l1, _, l2 = m.projector  # type: ignore[misc]
+    return l2(F.relu(l1(h)))
 
 
 def data(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,13 +94,13 @@ def reference_round(
     prev = frozen(net, previous) if previous is not None else None
     losses = []
     for x, y in stream(seed).batches(STEPS):
-        z = w.forward_features(x)
-        sup = F.cross_entropy(w.forward_head(z), y)
-        pos = torch.exp(F.cosine_similarity(z, glob.forward_features(x), dim=-1) / tau)
+        z = representation(w, x)
+        sup = F.cross_entropy(w.classifier(z), y)  # the output layer on the representation
+        pos = torch.exp(F.cosine_similarity(z, representation(glob, x), dim=-1) / tau)
         if prev is None:  # the authors' CE over the one column [sim(z, z_glob)/τ]: 0
             con = -torch.log(pos / pos)
         else:
-            neg = torch.exp(F.cosine_similarity(z, prev.forward_features(x), dim=-1) / tau)
+            neg = torch.exp(F.cosine_similarity(z, representation(prev, x), dim=-1) / tau)
             con = -torch.log(pos / (pos + neg))
         loss = sup + mu * con.mean()
         w.zero_grad()
@@ -116,9 +126,10 @@ def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=2e-5, msg=k)
 
 
-def test_two_rounds_match_the_papers_loss_with_the_previous_model_from_state() -> None:
+@pytest.mark.parametrize("projection", [None, 4])  # the features as z, and the paper's projection head
+def test_two_rounds_match_the_papers_loss_with_the_previous_model_from_state(projection: int | None) -> None:
     mu, tau = 5.0, 0.5
-    net, client, state = model(), hooks(mu=mu, temperature=tau), RecordDict()
+    net, client, state = model(projection), hooks(mu=mu, temperature=tau), RecordDict()
     x0 = weights_of(net)
     # round 1: no previous local model, so CE alone (the authors' code); the trained model is kept in state
     ref1, ref_loss1 = reference_round(net, x0, None, 1, mu, tau)
@@ -160,12 +171,14 @@ def test_frozen_models_match_the_model_and_take_no_gradient() -> None:
 def test_mu_zero_is_fedavg_bit_for_bit() -> None:
     spec = STRATEGIES.get("fedavg")
     runs = []
-    for client in (hooks(mu=0.0), spec(spec.Params()).client()):
+    moon = hooks(mu=0.0)
+    for client in (moon, spec(spec.Params()).client()):
         net, state = model(), RecordDict()
         x = weights_of(net)
         losses = [fedsim_round(net, client, x, state, r) for r in (1, 2, 3)]
-        runs.append((losses, weights_of(net)))
-    (moon_losses, moon_weights), (avg_losses, avg_weights) = runs
+        runs.append((losses, weights_of(net), state))
+    (moon_losses, moon_weights, moon_state), (avg_losses, avg_weights, _) = runs
+    assert len(moon_state) == 0 and moon.frozen is None  # no term: no models kept, no state held
     assert moon_losses == avg_losses
     assert all(torch.equal(moon_weights[k], avg_weights[k]) for k in avg_weights)
 

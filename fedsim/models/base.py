@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from fedsim.norms import Normaliser
@@ -39,10 +40,13 @@ class FedsimModel(nn.Module):
         activation: Literal["relu", "tanh", "gelu"] = "relu"
         # LN-FL puts the norm after the activation; "before" is the conventional conv-norm-act.
         norm_position: Literal["after", "before"] = "after"
+        # MOON's projection head (Li et al. 2021, Sec. 3.2): features -> width -> act -> this, under the classifier
+        projection: int | None = Field(None, ge=1)
 
     params: Params
     feature_dim: int
     classifier: nn.Module
+    projector: nn.Module | None
 
     def __init__(
         self, params: Params, num_classes: int, in_shape: tuple[int, int, int], normaliser: Normaliser
@@ -53,6 +57,16 @@ class FedsimModel(nn.Module):
         self.in_shape = tuple(in_shape)
         self.act = ACTIVATIONS[self.params.activation]()  # stateless: one instance serves every site
         self.build(normaliser)
+        self.projector = None
+        if params.projection is not None:
+            self.build_projection(normaliser, params.projection)
+
+    def build_projection(self, normaliser: Normaliser, width: int) -> None:
+        """MOON's projection head between the features and a classifier on its ``width`` outputs: two linear
+        layers (``feature_dim`` -> ``feature_dim`` -> ``width``) with the model's activation between."""
+        d, bias = self.feature_dim, self.params.bias
+        self.projector = nn.Sequential(normaliser.linear(d, d, bias), self.act, normaliser.linear(d, width, bias))
+        self.classifier = normaliser.linear(width, self.num_classes, bias)
 
     def build(self, normaliser: Normaliser) -> None:
         """Make the layers, taking every normalisation site and layer from ``normaliser``."""
@@ -82,9 +96,13 @@ class FedsimModel(nn.Module):
         """The N x ``feature_dim`` feature entering the classifier, after the feature-site norm."""
         raise NotImplementedError
 
+    def project(self, z: torch.Tensor) -> torch.Tensor:
+        """The classifier's input from features: the projection head's output, or the features without one."""
+        return z if self.projector is None else self.projector(z)
+
     def forward_head(self, z: torch.Tensor) -> torch.Tensor:
         """Logits from features."""
-        return self.classifier(z)
+        return self.classifier(self.project(z))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
