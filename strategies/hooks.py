@@ -68,7 +68,8 @@ class ClientHooks(Generic[P]):
         self, model: FedsimModel, x: torch.Tensor, features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor
     ) -> torch.Tensor | None:
         """A term added to the batch's loss: ``x`` the batch's inputs, ``features`` the model's classifier input
-        (its representation), ``logits`` after :meth:`adjust_logits`, ``y`` the labels."""
+        (its representation: the features through the projection head when the model has one), ``logits`` after
+        :meth:`adjust_logits`, ``y`` the labels."""
         return None
 
     def correct_gradients(self, model: FedsimModel) -> None:

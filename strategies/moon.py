@@ -53,7 +53,7 @@ class MoonClient(ClientHooks["MoonSpec.Params"]):
         with torch.no_grad():
             z_glob = self.frozen[0].project(self.frozen[0].forward_features(x))
             z_prev = self.previous.project(self.previous.forward_features(x))
-        z, tau = model.project(features), self.params.temperature
+        z, tau = features, self.params.temperature  # the classifier's input: through the head, if any
         similarities = torch.stack(
             [F.cosine_similarity(z, z_glob, dim=-1), F.cosine_similarity(z, z_prev, dim=-1)], dim=1
         )

@@ -267,3 +267,17 @@ def test_fedsim_plot_draws_rounds_on_a_log_scale_and_marks_reference_accuracies(
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "--reference" in err and "[0, 100]" in err, err
     assert not (tmp_path / "bad").exists()  # refused before anything is written
+
+
+def test_feature_diagnostics_measure_the_classifiers_input_through_a_projection_head() -> None:
+    # class_norms are the rows of classifier.weight: the features beside them must be the tensor it multiplies,
+    # the projection head's output when the model has one (not the encoder's output below it)
+    torch.manual_seed(0)
+    model = create_model("mlp", 10, (1, 8, 8), create_norm("fn"), {"hidden": [32], "projection": 6})
+    x = torch.randn(20, 1, 8, 8)
+    out = ProbeDiagnostics(DiagnosticsConfig(features=True), model, x, torch.zeros(20, dtype=torch.long)).measure()
+    z = model.project(model.forward_features(x)).detach().double()
+    assert z.shape == (20, 6)
+    assert out["feature_norm_mean"] == pytest.approx(float(z.norm(dim=1).mean()), rel=1e-9)
+    assert out["feature_erank"] == pytest.approx(effective_rank(singular_values(z)), rel=1e-9)
+    assert out["feature_norm_mean"] != pytest.approx(math.sqrt(32))  # FN's √d norm is the encoder output's

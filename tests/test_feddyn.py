@@ -40,6 +40,7 @@ from tests.test_strategies_math import (
     stream,
     train_one,
 )
+from tests.tiny_model import TinyLinear
 
 
 @pytest.fixture(autouse=True)
@@ -47,23 +48,6 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
-class TinyDyn(nn.Module):
-    """logits = W·x + b (3 classes, 2 inputs) plus a running mean of the inputs as a buffer (like BN's)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.classifier = nn.Linear(2, 3)
-        self.register_buffer("running", torch.zeros(2, dtype=torch.get_default_dtype()))
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.flatten(1)
-        if self.training:
-            with torch.no_grad():
-                self.running.mul_(0.5).add_(0.5 * x.mean(0))
-        return x
-
-    def forward_head(self, z: torch.Tensor) -> torch.Tensor:
-        return self.classifier(z)
 
 
 PARAMS = ("classifier.weight", "classifier.bias")
@@ -117,7 +101,7 @@ def local_reference(
 @pytest.mark.parametrize(("momentum", "weight_decay"), [(0.0, 0.0), (0.9, 0.05)])
 def test_feddyn_rounds_with_partial_participation_match_the_paper(momentum: float, weight_decay: float) -> None:
     K, lr, alpha, N = 3, 0.5, 0.3, 4
-    model = TinyDyn()
+    model = TinyLinear(3, bias=True)
     template = copy.deepcopy(model)
     hooks = spec("feddyn", alpha=alpha).client()
     seen: dict[int, dict[str, object]] = {}

@@ -30,7 +30,8 @@ from fedsim.errors import ProtocolError
 from fedsim.strategies.fednova import A_NORM, FEDNOVA_A_NORM
 from fedsim.strategies.hooks import RoundInfo
 from tests.conftest import small_config
-from tests.test_strategies_math import Clients, Tiny, numpy_of, play_round, reply, server, softmax, spec, stream
+from tests.test_strategies_math import Clients, numpy_of, play_round, reply, server, softmax, spec, stream
+from tests.tiny_model import TinyLinear
 
 DATA = {  # client -> (uint8 inputs, labels): 6, 2 and 4 samples, so local epochs take unequal step counts
     0: ([[200, 10], [30, 250], [120, 90], [255, 0], [60, 60], [10, 200]], [0, 1, 1, 0, 0, 1]),
@@ -70,7 +71,7 @@ def reference_client(W, buf, batches, rho, wd):  # type: ignore[no-untyped-def]
 
 def run_round(name: str, rho: float, wd: float, steps: int | None, epochs: int | None):  # type: ignore[no-untyped-def]
     """One round of strategy ``name`` over the three clients; what each sent and the new global model."""
-    model = Tiny()
+    model = TinyLinear(2, bias=False)
     hooks = spec(name).client()
     sent: dict[int, tuple[np.ndarray, np.ndarray, RecordDict]] = {}
 
@@ -169,7 +170,7 @@ def test_a_norm_of_no_step_is_zero_and_plain_sgd_counts_steps() -> None:
 
 def test_a_reply_without_the_a_norm_is_named() -> None:
     strategy = server("fednova", 1, KEYS)
-    model = Tiny()
+    model = TinyLinear(2, bias=False)
     arrays = to_array_record(model.state_dict())
     grid = LocalGrid(Clients(lambda m, pid, s: reply(arrays, pid, 3), 1))
     with pytest.raises(ProtocolError, match=FEDNOVA_A_NORM):

@@ -34,8 +34,10 @@ from fedsim.strategies.fedprox import PROXIMAL_MU
 from fedsim.strategies.hooks import ClientHooks, RoundInfo
 from fedsim.strategies.scaffold import SCAFFOLD_C, SCAFFOLD_C_I, SCAFFOLD_DELTA_C
 from fedsim.strategies.server_half import ServerSetup
+from tests.tiny_model import TinyLinear
 
 Respond = Callable[[Message, int, RecordDict], RecordDict]
+
 
 
 @pytest.fixture(autouse=True)
@@ -164,23 +166,6 @@ def test_fedprox_gradient_is_grad_f_plus_mu_w_minus_x_on_parameters_only() -> No
 # --- SCAFFOLD ----------------------------------------------------------------------------------
 
 
-class Tiny(nn.Module):
-    """logits = W·x (2 x 2, no bias) plus a running-mean buffer of the inputs (like BN's)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.classifier = nn.Linear(2, 2, bias=False)
-        self.register_buffer("running", torch.zeros(2))
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.flatten(1)
-        if self.training:
-            with torch.no_grad():
-                self.running.mul_(0.5).add_(0.5 * x.mean(0))
-        return x
-
-    def forward_head(self, z: torch.Tensor) -> torch.Tensor:
-        return self.classifier(z)
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
@@ -210,7 +195,7 @@ SCAFFOLD_DATA = {  # client -> (uint8 inputs N x 1 x 1 x 2, labels)
 @pytest.mark.parametrize("weighting", ["samples", "uniform"])
 def test_scaffold_two_rounds_match_the_hand_computation(weighting: str) -> None:
     K, lr, eta_g, N = 3, 0.5, 2.0, 3
-    model = Tiny()
+    model = TinyLinear(2, bias=False)
     spec_ = spec("scaffold", eta_g=eta_g, weighting=weighting)
     hooks = spec_.client()
     seen: dict[int, dict[str, np.ndarray]] = {}

@@ -125,7 +125,10 @@ def assert_same_training(
 
 
 # every strategy's hooks on its clients' own models (FedBN's BN model is not vmapped)
-@pytest.mark.parametrize("name", [n for n, row in strategy_rows.ROWS.items() if row.get("model", {}).get("norm") != "bn"])
+VMAPPED = [n for n, row in strategy_rows.ROWS.items() if row.get("model", {}).get("norm") != "bn"]
+
+
+@pytest.mark.parametrize("name", VMAPPED)
 def test_clients_trained_together_match_one_at_a_time(tmp_path: Path, name: str, stacked_steps: list[int]) -> None:
     # weight decay strong enough to matter: 0.05 x lr 0.05 x 3 steps moves weights ~1e-2 a round
     sections = {**strategy_rows.sections(name), "train": {"momentum": 0.9, "weight_decay": 0.05}}

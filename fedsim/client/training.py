@@ -58,8 +58,8 @@ def own_forward(model: FedsimModel) -> Forward:
     """One client through its model's own forward."""
 
     def forward(xs: list[torch.Tensor]) -> tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]:
-        features = model.forward_features(xs[0])
-        return (features,), (model.forward_head(features),)
+        z = model.project(model.forward_features(xs[0]))  # the classifier's input, which the hooks get
+        return (z,), (model.classifier(z),)
 
     return forward
 

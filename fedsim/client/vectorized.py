@@ -40,8 +40,8 @@ class _FeaturesAndLogits(nn.Module):
         self.model = model
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        features = self.model.forward_features(x)
-        return features, self.model.forward_head(features)
+        z = self.model.project(self.model.forward_features(x))  # the classifier's input, which the hooks get
+        return z, self.model.classifier(z)
 
 
 class StackedForward:

@@ -221,7 +221,7 @@ class ProbeDiagnostics:
 
     def _features(self) -> dict[str, Any]:
         out: dict[str, Any] = dict.fromkeys(_FEATURE_KEYS)  # None for a diverged model: JSON has no NaN
-        z = self.model.forward_features(self.x).flatten(1).double()
+        z = self.model.project(self.model.forward_features(self.x)).flatten(1).double()  # the classifier's input
         if torch.isfinite(z).all():
             sv = singular_values(z)
             norms = z.norm(dim=1)

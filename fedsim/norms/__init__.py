@@ -6,7 +6,8 @@ config, never learnable) and built as ``Normaliser(params)``. A model calls, at 
 
 - ``normaliser.make(site, num_features)`` at every normalisation site, where ``site`` is one of
   ``"conv"`` (after a conv activation, NCHW), ``"linear"`` (after a hidden linear activation,
-  N x D) and ``"feature"`` (the feature that enters the classifier, N x D; one per model);
+  N x D) and ``"feature"`` (the feature that enters the classifier, N x D; one per model; before the projection head
+  of a model with ``projection``);
 - ``normaliser.linear(in_features, out_features, bias)`` and ``normaliser.conv(in_ch, out_ch,
   kernel_size, stride, padding, bias)`` to build its layers, so layer-replacing normalisers
   (PatchNorm, affine_like) plug in through the same registry.

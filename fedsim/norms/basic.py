@@ -66,7 +66,8 @@ class FeatureNorm(nn.Module):
 
 @NORMS.register("fn")
 class FN(Normaliser):
-    """Feature norm: √d·x / max(ε, ‖x‖) on the classifier's input only (LN-FL eq. 6–7).
+    """Feature norm: √d·x / max(ε, ‖x‖) on the classifier's input only (LN-FL eq. 6–7; on the projection
+    head's input when the model has one).
 
     Identity at conv and linear sites; by LN-FL Prop. 1 this equals scale-normalising every
     layer of a bias-free ReLU network. ``inside`` puts a normaliser at the conv and linear sites
