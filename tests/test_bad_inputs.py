@@ -64,6 +64,7 @@ CASES: dict[str, Case] = {
     "rounds-unbounded": run("train.rounds=100000000", expect=("train.rounds", "less than or equal to 10000000")),
     "rounds-fraction": run("train.rounds=2.5", expect=("train.rounds", "2.5")),
     "clients-zero": run("train.num_clients=0", expect=("train.num_clients",)),
+    "clients-above-data": run("train.num_clients=6000", expect=("num_clients", "6000", "5000")),
     "clients-huge": run("train.num_clients=10000000", expect=("train.num_clients", "1000000")),
     "per-round-zero": run("train.clients_per_round=0", expect=("train.clients_per_round",)),
     "per-round-above-clients": run("train.clients_per_round=99", expect=("clients_per_round", "1..num_clients (4)")),
@@ -99,12 +100,17 @@ CASES: dict[str, Case] = {
     "vmap-zero": run("simulation.vmap_clients=0", expect=("simulation.vmap_clients",)),
     "device-unknown": run("simulation.device=tpu", expect=("simulation.device", "'cpu' or 'cuda'")),
     "device-cuda-without-cuda": run("simulation.device=cuda", expect=("simulation.device = 'cuda'", "no CUDA")),
+    "cache-dir-control-character": run(
+        'data.cache_dir="a\\tb"', expect=("data.cache_dir", "holds the control character '\\t'")
+    ),
     "ray-address-malformed": run("simulation.ray_address=nohost", expect=("simulation.ray_address", "pattern")),
     "ray-address-inline": run("simulation.ray_address=127.0.0.1:1", expect=("simulation.ray_address", "no effect")),
     "cpus-zero": run("simulation.client_resources.num_cpus=0", expect=("client_resources.num_cpus",)),
     "gpus-negative": run("simulation.client_resources.num_gpus=-1", expect=("client_resources.num_gpus",)),
     "vmap-flower": run("simulation.vmap_clients=4", "engine=flower", expect=("vmap_clients = 4 needs engine: local",)),
-    "vmap-bn": run("simulation.vmap_clients=4", "model.norm=bn", expect=("vmap_clients = 4", "running statistics")),
+    "vmap-bn": run(
+        "simulation.vmap_clients=4", "model.norm=bn", expect=("vmap_clients = 4", "'bn'", "running statistics")
+    ),
     # --- output
     "checkpoint-every-negative": run("output.checkpoint_every=-1", expect=("output.checkpoint_every",)),
     "output-dir-is-a-file": run("output.dir={tmp}/afile", expect=("output.dir", "is a file"), setup="a_file"),
@@ -154,7 +160,9 @@ CASES: dict[str, Case] = {
     ),  # fmt: skip
     "startup-timeout-zero": run("deploy.startup_timeout_s=0", expect=("deploy.startup_timeout_s",)),
     # --- data
-    "dataset-unknown": run("data.dataset=imagenet", expect=("data.dataset.name", "unknown datasets", "imagefolder")),
+    "dataset-unknown": run(
+        "data.dataset=imagenet", expect=("data.dataset.name", "unknown datasets", "imagefolder", "npz")
+    ),
     "dataset-path-without-module": run("data.dataset=:Foo", expect=("data.dataset.name", "package.module:Name")),
     "dataset-path-relative": run("data.dataset=.foo:Bar", expect=("data.dataset.name", "absolute")),
     "dataset-not-a-loader": run("data.dataset=os:path", expect=("data.dataset.name", "DatasetLoader subclass")),
@@ -177,7 +185,24 @@ CASES: dict[str, Case] = {
         "data.root={tmp}/forged.npz", expect=("claims (900000000000000, 28)",), setup="forged_npz"
     ),
     "npz-missing-keys": run("data.root={tmp}/partial.npz", expect=("missing keys", "y_test"), setup="partial_npz"),
-    "npz-float-images": run("data.root={tmp}/floats.npz", expect=("must be uint8",), setup="float_npz"),
+    "npz-float-images": run("data.root={tmp}/floats.npz", expect=("x_train: images must be uint8",), setup="float_npz"),
+    # (N, 3, 28, 28) read as 3-pixel-high images of 28 channels
+    "npz-channels-first": run(
+        "data.root={tmp}/nchw.npz",
+        expect=(
+            "x_train: shape (20, 3, 28, 28) looks channels-first (N, C, H, W); fedsim reads images as (N, H, W) or ",
+            "store them as np.moveaxis(x, 1, -1), shape (20, 28, 28, 3)",
+        ),
+        setup="channels_first_npz",
+    ),
+    "npz-class-control-character": run(
+        "data.root={tmp}/ctl.npz", expect=("'a\\nb'", "holds the control character"), setup="control_class_npz"
+    ),
+    "npz-labels-above-classes": run(
+        "data.root={tmp}/few.npz",
+        expect=("y_train has labels in [0, 9] but there are 2 classes",),
+        setup="few_classes_npz",
+    ),
     "archive-member-parent": run(
         "data.dataset=imagefolder",
         "data.root={tmp}/up.tar",
@@ -197,6 +222,28 @@ CASES: dict[str, Case] = {
         expect=("cannot decode", "decompression bomb"),
         setup="image_bomb",
     ),  # fmt: skip
+    "imagefolder-class-control-character": run(
+        "data.dataset=imagefolder",
+        "data.root={tmp}/tree",
+        "data.cache_dir={tmp}/cache",
+        expect=("the class name 'a\\tb' (a folder's name", "holds the control character"),
+        setup="control_class_tree",
+        creates=True,  # the decoded images' cache is written before the class names are checked
+    ),  # fmt: skip
+    "imagefolder-mixed-sizes": run(
+        "data.dataset=imagefolder",
+        "data.root={tmp}/tree",
+        "data.cache_dir={tmp}/cache",
+        expect=("test/b/1.png is 6x4 but", "all images must share one size"),
+        setup="mixed_size_tree",
+    ),  # fmt: skip
+    "imagefolder-no-test-split": run(
+        "data.dataset=imagefolder",
+        "data.root={tmp}/tree",
+        "data.cache_dir={tmp}/cache",
+        expect=("no test images; expected",),
+        setup="train_only_tree",
+    ),  # fmt: skip
     "imagefolder-missing": run("data.dataset=imagefolder", "data.root=nothere", expect=("nothing at", "nothere")),
     "imagefolder-not-an-archive": run(
         "data.dataset=imagefolder",
@@ -208,12 +255,16 @@ CASES: dict[str, Case] = {
     "tinyimagenet-missing": run("data.dataset=tinyimagenet", "data.root=tin.zip", expect=("tinyimagenet", "Download")),
     # --- partition
     "partition-unknown": run("partition.name=bogus", expect=("partition.name", "unknown partitions", "dirichlet")),
-    "partition-option-unknown": run("partition.betta=0.1", expect=("partition.betta", "valid keys: beta")),
+    "partition-option-unknown": run(
+        "partition.betta=0.1", expect=("partition.betta", "unknown key", "valid keys: beta, min_size, balance")
+    ),
     "beta-zero": run("partition.beta=0", expect=("partition.beta", "greater than 0")),
     "beta-negative": run("partition.beta=-1", expect=("partition.beta",)),
     "beta-inf": run("partition.beta=.inf", expect=("partition", "beta = inf", "finite")),
     "classes-zero": run("partition={name: n_class, classes_per_client: 0}", expect=("classes_per_client",)),
-    "classes-above-classes": run("partition={name: n_class, classes_per_client: 11}", expect=("11", "1..10")),
+    "classes-above-classes": run(
+        "partition={name: n_class, classes_per_client: 11}", expect=("classes_per_client", "11", "1..10")
+    ),
     "min-size-impossible": run("partition={name: dirichlet, min_size: 100000}", expect=("min_size=100000",)),
     "iid-with-beta": run("partition={name: iid, beta: 1}", expect=("partition.beta", "unknown key", "'iid'")),
     "partition-not-a-partitioner": run("partition.name=os:path", expect=("Partitioner subclass",)),
@@ -223,14 +274,39 @@ CASES: dict[str, Case] = {
         setup="plugins",
     ),  # fmt: skip
     # --- model and normaliser
-    "model-unknown": run("model.name=vgg", expect=("model.name", "unknown models", "resnet18")),
+    "model-unknown": run("model.name=vgg", expect=("model.name", "unknown models", "cnn", "mlp", "resnet18")),
     "model-option-unknown": run("model.hiden=[10]", expect=("model.hiden", "unknown key", "hidden")),
     "hidden-zero": run("model.hidden=[0]", expect=("model.hidden.0",)),
     "activation-unknown": run("model.activation=swish", expect=("model.activation", "'relu'")),
     "norm-position-unknown": run("model.norm_position=middle", expect=("model.norm_position", "'after'")),
+    "norm-sites-unknown": run(
+        "model={name: resnet18, norm: ln, norm_sites: outer}",
+        expect=("model.norm_sites = 'outer' for model 'resnet18'", "'all' or 'inner'"),
+    ),
+    "norm-sites-for-cnn": run(
+        "model={name: cnn, norm: ln, norm_sites: inner}",
+        expect=("model.norm_sites: unknown key for model 'cnn'", "valid keys: bias, activation"),
+    ),
+    "cnn-tiny-images": run(
+        "data.root={tmp}/tiny.npz",
+        "model={name: cnn, norm: ln}",
+        expect=("model 'cnn' needs inputs of at least 16x16 pixels, got (1, 8, 8)",),
+        setup="tiny_npz",
+    ),  # fmt: skip
     "bias-not-bool": run("model.bias=maybe", expect=("model.bias",)),
-    "norm-unknown": run("model.norm=layernorm", expect=("model.norm.name", "unknown norms 'layernorm'", "pln")),
-    "gn-groups-zero": run("model.norm={name: gn, groups: 0}", expect=("model.norm.groups",)),
+    "norm-unknown": run(
+        "model.norm=layernorm", expect=("model.norm.name", "unknown norms 'layernorm'", "bn, fn, gn", "pln", "rms")
+    ),
+    "gn-groups-zero": run(
+        "model.norm={name: gn, groups: 0}", expect=("model.norm.groups", "greater than or equal to 1")
+    ),
+    "gn-option-unknown": run(
+        "model.norm={name: gn, group: 2}",
+        expect=("model.norm.group: unknown key for norm 'gn'", "valid keys: groups, eps"),
+    ),
+    "gn-groups-zero-set-after": run(
+        "model.norm=gn", "model.norm.groups=0", expect=("model.norm.groups", "greater than or equal to 1")
+    ),
     "gn-groups-not-dividing": run("model.norm={name: gn, groups: 3}", expect=("model.norm.groups = 3", "divide")),
     "pln-group-of-one": run("model.norm={name: pln, group_size: 1}", expect=("'pln'", "group_size = 1")),
     "ln-eps-negative": run("model.norm={name: ln, eps: -1}", expect=("model.norm.eps",)),
@@ -284,6 +360,20 @@ CASES: dict[str, Case] = {
     "set-without-key": run("=5", expect=("key.path=value",)),
     "set-empty-part": run("train..rounds=5", expect=("key.path=value",)),
     "set-not-yaml": run("partition={name: iid", expect=("--set partition", "not valid YAML")),
+    # the last value won in silence
+    "set-given-twice": run(
+        "train.rounds=1", "train.rounds=2", expect=("--set train.rounds is given twice ('1', then '2'): give it once",)
+    ),
+    # a lone surrogate passed the first validation, then was a pydantic JSON traceback (experiment.resolve)
+    "name-lone-surrogate": run(
+        'name="a\\udcffb"', expect=("name: holds '\\udcff', a lone surrogate", "(got 'a\\udcffb')")
+    ),
+    "cache-dir-lone-surrogate": run(
+        'data.cache_dir="/tmp/\\udcff"', expect=("data.cache_dir: holds '\\udcff', a lone surrogate",)
+    ),
+    "norm-option-lone-surrogate": run(
+        'model.norm={name: gn, x: "\\ud800"}', expect=("model.norm: '\\ud800' holds '\\ud800', a lone surrogate",)
+    ),
     "set-into-a-value": run("train.rounds.x=1", expect=("--set train.rounds.x", "'rounds' is not a section")),
     # --- the config file
     "config-missing": Case(("run", "{tmp}/absent.yaml"), ("config file not found", "absent.yaml")),
@@ -294,6 +384,14 @@ CASES: dict[str, Case] = {
     "config-duplicate-section": Case(("run", "{tmp}/dup.yaml"), ("'train' is given twice",), setup="duplicate_config"),
     "config-billion-laughs": Case(
         ("run", "{tmp}/lol.yaml"), ("expand to more than 10,000 values",), setup="laughs_config"
+    ),
+    "config-lone-surrogate": Case(
+        ("run", "{tmp}/surrogate.yaml"),
+        (
+            "name: holds '\\ud800', a lone surrogate, not a Unicode character (bytes that are not UTF-8, read as "
+            "text): fedsim writes its files in UTF-8; give the text in UTF-8 (got 'q\\ud800')",
+        ),
+        setup="surrogate_config",
     ),
     "config-not-yaml": Case(("run", "{tmp}/broken.yaml"), ("not valid YAML",), setup="broken_config"),
     "run-nothing": Case(("run",), ("needs a config file", "--resume")),
@@ -351,6 +449,11 @@ CASES: dict[str, Case] = {
         ("sweep", "{tmp}/sweep.yaml", "--output", "{tmp}/rd"),
         ("--output (or the sweep file's output)", "/rd/sweep is inside the run directory"),
         setup="sweep_and_run",
+    ),
+    "sweep-lone-surrogate": Case(
+        ("sweep", "{tmp}/sweep.yaml", "--output", "{tmp}/sweeps"),
+        ("'a\\udcffb' holds '\\udcff', a lone surrogate",),
+        setup="sweep_surrogate",
     ),
     "sweep-a-list": Case(("sweep", "{tmp}/list.yaml"), ("top level must be a mapping",), setup="list_config"),
     "sweep-duplicate-key": Case(("sweep", "{tmp}/dup.yaml"), ("is given twice",), setup="duplicate_config"),
@@ -436,8 +539,18 @@ CASES: dict[str, Case] = {
     ),
     "deploy-bad-data": Case(("deploy", "{cfg}", "--set", "data.root=nowhere.npz"), ("no file at",)),
     # --- the command line itself
+    "list-empty-kind": Case(
+        ("list", ""), ("unknown kind ''; valid: strategies, norms, models, datasets, partitions, trackers",)
+    ),
     "list-unknown-kind": Case(("list", "planets"), ("unknown kind 'planets'", "strategies")),
     "command-unknown": Case(("fly",), ("invalid choice: 'fly'",)),
+    # argparse kept the last of two values and dropped the first in silence
+    "option-given-twice": Case(
+        ("report", "{tmp}", "--target", "0.5", "--target", "0.9"),
+        ("report: argument --target", ": given twice (0.5, then 0.9): give it once (see fedsim report --help)"),
+    ),
+    # an unset shell variable is an empty path, which Python reads as the current directory
+    "path-empty": Case(("report", ""), ("report: argument dir: an empty path: give a file or directory",)),
     "option-unknown": Case(("run", "{cfg}", "--fast"), ("unrecognized arguments: --fast",)),
 }
 
@@ -531,6 +644,48 @@ def _float_npz(tmp: Path) -> None:
     _npz(tmp / "floats.npz", x_train=np.zeros((20, 28, 28), np.float32))
 
 
+def _channels_first_npz(tmp: Path) -> None:
+    _npz(tmp / "nchw.npz", x_train=np.zeros((20, 3, 28, 28), np.uint8))
+
+
+def _control_class_npz(tmp: Path) -> None:
+    _npz(tmp / "ctl.npz", classes=np.array(["a\nb", *"bcdefghij"]))
+
+
+def _tiny_npz(tmp: Path) -> None:
+    x = np.zeros((20, 8, 8), np.uint8)
+    _npz(tmp / "tiny.npz", x_train=x, x_test=x)
+
+
+def _few_classes_npz(tmp: Path) -> None:
+    _npz(tmp / "few.npz", classes=np.array(["a", "b"]))
+
+
+def _tree(tmp: Path, files: dict[str, tuple[int, int]]) -> None:
+    """An image folder of real PNGs: path under tmp/tree -> (width, height)."""
+    from PIL import Image
+
+    for name, size in files.items():
+        (tmp / "tree" / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", size, (9, 9, 9)).save(tmp / "tree" / name)
+
+
+def _tree_files(classes: tuple[str, str] = ("a", "b")) -> dict[str, tuple[int, int]]:
+    return {f"{split}/{cls}/{i}.png": (5, 4) for split in ("train", "test") for cls in classes for i in range(2)}
+
+
+def _control_class_tree(tmp: Path) -> None:
+    _tree(tmp, _tree_files(("a\tb", "b")))
+
+
+def _mixed_size_tree(tmp: Path) -> None:
+    _tree(tmp, {**_tree_files(), "test/b/1.png": (6, 4)})
+
+
+def _train_only_tree(tmp: Path) -> None:
+    _tree(tmp, {k: v for k, v in _tree_files().items() if k.startswith("train/")})
+
+
 def _png(width: int, height: int) -> bytes:
     """A PNG header claiming ``width`` x ``height`` (the pixels are never decoded)."""
 
@@ -591,6 +746,12 @@ def _laughs_config(tmp: Path) -> None:
         prev = "abcdefghi"[i]
         lines.append(f"{name}: &{name} [{', '.join(['*' + prev] * 9)}]")
     _write(tmp, "lol.yaml", "\n".join(lines) + "\n")
+
+
+def _surrogate_config(tmp: Path) -> None:
+    text = (tmp / "cfg.yaml").read_text()
+    assert "\nname: t\n" in text
+    _write(tmp, "surrogate.yaml", text.replace("\nname: t\n", '\nname: "q\\ud800"\n'))  # YAML's escape for it
 
 
 def _broken_config(tmp: Path) -> None:
@@ -690,6 +851,11 @@ def _sweep_typo(tmp: Path) -> None:
 
 def _sweep_bad_cell(tmp: Path) -> None:
     _sweep(tmp, {"base": "base.yaml", "output": str(tmp / "sweeps"), "cells": [{"model.norm": "nope"}]})
+
+
+def _sweep_surrogate(tmp: Path) -> None:
+    write_config(tmp, small_config(tmp), "base.yaml")
+    (tmp / "sweep.yaml").write_text(f'base: {tmp / "base.yaml"}\ngrid:\n  data.cache_dir: ["a\\udcffb"]\n')
 
 
 def _sweep_and_run(tmp: Path) -> None:
