@@ -266,6 +266,17 @@ CASES: dict[str, Case] = {
         "partition={name: n_class, classes_per_client: 11}", expect=("classes_per_client", "11", "1..10")
     ),
     "min-size-impossible": run("partition={name: dirichlet, min_size: 100000}", expect=("min_size=100000",)),
+    "min-size-not-drawn": run(
+        "partition={name: dirichlet, beta: 0.05, min_size: 1200, max_tries: 5}",
+        expect=("min_size=1200", "max_tries=5 tries", "raise max_tries (at most 10,000)"),
+    ),
+    "n-class-chunks-above-samples": run(
+        "data.root={tmp}/twenty.npz",
+        "partition={name: n_class, classes_per_client: 10}",
+        expect=("class 0 has 2 train samples but 4 clients",),
+        setup="twenty_npz",
+    ),  # fmt: skip
+    "centralised-clients": run("partition={name: centralised}", expect=("train.num_clients must be 1, got 4",)),
     "iid-with-beta": run("partition={name: iid, beta: 1}", expect=("partition.beta", "unknown key", "'iid'")),
     "partition-not-a-partitioner": run("partition.name=os:path", expect=("Partitioner subclass",)),
     "partition-raises": run(
@@ -650,6 +661,10 @@ def _channels_first_npz(tmp: Path) -> None:
 
 def _control_class_npz(tmp: Path) -> None:
     _npz(tmp / "ctl.npz", classes=np.array(["a\nb", *"bcdefghij"]))
+
+
+def _twenty_npz(tmp: Path) -> None:
+    _npz(tmp / "twenty.npz")  # 2 images of each class
 
 
 def _tiny_npz(tmp: Path) -> None:
