@@ -405,12 +405,33 @@ CASES: dict[str, Case] = {
         setup="surrogate_config",
     ),
     "config-not-yaml": Case(("run", "{tmp}/broken.yaml"), ("not valid YAML",), setup="broken_config"),
-    "run-nothing": Case(("run",), ("needs a config file", "--resume")),
-    "resume-with-config": Case(("run", "{cfg}", "--resume", "{tmp}"), ("takes no config file",)),
+    "run-nothing": Case(("run",), ("fedsim run needs a config file, or --resume RUN_DIR",)),
+    "resume-with-config": Case(("run", "{cfg}", "--resume", "{tmp}"), ("takes no config file and no --set",)),
     "resume-missing-dir": Case(("run", "--resume", "{tmp}/none"), ("not a run directory",)),
     "resume-no-config": Case(("run", "--resume", "{tmp}"), ("not a run directory (no config.yaml)",)),
-    "resume-finished": Case(("run", "--resume", "{tmp}/rd"), ("already finished",), setup="finished_run"),
-    "resume-without-checkpoint": Case(("run", "--resume", "{tmp}/rd"), ("no checkpoint.pt",), setup="killed_run"),
+    "resume-finished": Case(
+        ("run", "--resume", "{tmp}/rd"), ("the run already finished (summary.json exists)",), setup="finished_run"
+    ),
+    "resume-without-checkpoint": Case(
+        ("run", "--resume", "{tmp}/rd"), ("no checkpoint.pt to resume from", "output.checkpoint_every"),
+        setup="killed_run",
+    ),  # fmt: skip
+    "resume-config-changed": Case(
+        ("run", "--resume", "{tmp}/rd"),
+        ("config.yaml differs from the checkpoint's config (train.lr: 0.05 -> 0.1)",),
+        setup="resumable_run_config_changed",
+    ),
+    # 256 bytes flipped inside a tensor's data, which torch.load reads without complaint
+    "resume-checkpoint-changed": Case(
+        ("run", "--resume", "{tmp}/rd"),
+        ("checkpoint.pt: not the file the run wrote (its sha256 in checkpoint.pt differs",),
+        setup="resumable_run_checkpoint_flipped",
+    ),
+    "resume-checkpoint-unversioned": Case(
+        ("run", "--resume", "{tmp}/rd"),
+        ("checkpoint.pt: a run record of version 0, older than", "upgrade it with `fedsim record upgrade"),
+        setup="resumable_run_checkpoint_unversioned",
+    ),
     "resume-config-not-yaml": Case(
         ("run", "--resume", "{tmp}/rd"), ("config.yaml", "not valid YAML"), setup="broken_run_config"
     ),
@@ -798,6 +819,35 @@ def _checkpointed_run(tmp: Path) -> None:
     run_dir = _run_dir(tmp)
     (run_dir / "summary.json").unlink()
     (run_dir / "checkpoint.pt").write_bytes(b"half a checkpoint")
+
+
+def _resumable_run(tmp: Path) -> Path:
+    """A run killed after its last checkpoint: a real checkpoint.pt, no summary.json."""
+    run_dir = tmp / "rd"
+    cfg = small_config(tmp, train={"rounds": 2}, output={"run_dir": str(run_dir), "checkpoint_every": 2})
+    assert main(["run", str(write_config(tmp, cfg, "rd.yaml"))]) == 0
+    (run_dir / "summary.json").unlink()
+    return run_dir
+
+
+def _resumable_run_config_changed(tmp: Path) -> None:
+    config = _resumable_run(tmp) / "config.yaml"
+    assert "lr: 0.05" in config.read_text()
+    config.write_text(config.read_text().replace("lr: 0.05", "lr: 0.1"))
+
+
+def _resumable_run_checkpoint_flipped(tmp: Path) -> None:
+    path = _resumable_run(tmp) / "checkpoint.pt"
+    saved = path.read_bytes()
+    middle = len(saved) // 2
+    path.write_bytes(saved[:middle] + bytes(b ^ 0xFF for b in saved[middle : middle + 256]) + saved[middle + 256 :])
+
+
+def _resumable_run_checkpoint_unversioned(tmp: Path) -> None:
+    path = _resumable_run(tmp) / "checkpoint.pt"
+    unversioned = torch.load(path, weights_only=True)
+    del unversioned["record_version"]  # as an older fedsim wrote it
+    torch.save(unversioned, path)
 
 
 def _another_layout_run(tmp: Path) -> None:
