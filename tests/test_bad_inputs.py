@@ -151,7 +151,8 @@ CASES: dict[str, Case] = {
     "port-too-big": run("deploy.port=70000", expect=("deploy.port", "65535")),
     "address-a-name": run("deploy.address=localhost", expect=("deploy.address = 'localhost'", "IP address")),
     "certificates-without-tls": run(
-        "deploy.certificates={ca: a.pem, cert: b.pem, key: c.pem}", expect=("deploy.certificates", "deploy.tls")
+        "deploy.certificates={ca: a.pem, cert: b.pem, key: c.pem}",
+        expect=("deploy.certificates is given but deploy.tls is false",),
     ),
     "certificates-missing": run(
         "deploy.tls=true",
@@ -555,7 +556,9 @@ CASES: dict[str, Case] = {
         ("plot", "{tmp}/rd", "--out", "{tmp}/afile"), ("--out", "is a file"), setup="finished_run_and_file"
     ),  # fmt: skip
     # --- fedsim compose
-    "compose-nodes-zero": Case(("compose", "{cfg}", "--nodes", "0", "--out", "{tmp}/c"), ("--nodes 0",)),
+    "compose-nodes-zero": Case(
+        ("compose", "{cfg}", "--nodes", "0", "--out", "{tmp}/c"), ("--nodes 0: train.num_clients",)
+    ),
     "compose-nodes-text": Case(("compose", "{cfg}", "--nodes", "abc"), ("--nodes", "invalid int")),
     "compose-memory-unknown": Case(("compose", "{cfg}", "--node-memory", "lots"), ("--node-memory 'lots'", "4g")),
     # argparse takes a value starting with '-' for an option: "expected one argument", and no way out
@@ -563,9 +566,25 @@ CASES: dict[str, Case] = {
         ("compose", "{cfg}", "--node-memory", "-4g"), ("--node-memory: expected one argument", "--node-memory=VALUE")
     ),
     "compose-out-a-file": Case(("compose", "{cfg}", "--out", "{tmp}/afile"), ("--out", "is a file"), setup="a_file"),
+    # Flower's SuperLink refuses to start (exit 104) and the SuperNodes exit 303: refused up front
+    "compose-supernode-auth-without-tls": Case(
+        ("compose", "{cfg}", "--out", "{tmp}/p", "--set", "deploy.supernode_auth=true"),
+        ("deploy.supernode_auth is true but deploy.tls is false",),
+    ),
+    "compose-out-theirs": Case(
+        ("compose", "{cfg}", "--out", "{tmp}/theirs"),
+        (
+            "/theirs is not fedsim's: fedsim writes only into a new or empty directory or one of its own compose "
+            "project directories (marked .fedsim); give another --out, or empty that directory",
+        ),
+        setup="their_directory",
+    ),
     "compose-no-data-root": Case(("compose", "{cfg}", "--out", "{tmp}/c", "--set", "data.root="), ("data.root",)),
     # --- fedsim deploy
     "deploy-vmap": Case(("deploy", "{cfg}", "--set", "simulation.vmap_clients=2"), ("each SuperNode trains",)),
+    "deploy-supernode-auth-without-tls": Case(
+        ("deploy", "{cfg}", "--set", "deploy.supernode_auth=true"), ("SuperNode authentication needs TLS",)
+    ),
     "deploy-address-elsewhere": Case(
         ("deploy", "{cfg}", "--set", "deploy.address=192.0.2.77"), ("deploy.address = '192.0.2.77'", "this host")
     ),
@@ -638,6 +657,11 @@ class ServerRaises(StrategySpec):
 
 def _a_file(tmp: Path) -> None:
     (tmp / "afile").write_text("not a directory")
+
+
+def _their_directory(tmp: Path) -> None:
+    (tmp / "theirs").mkdir()
+    (tmp / "theirs" / "compose.yaml").write_text("services: {mine: {image: busybox}}\n")
 
 
 def _plugins(tmp: Path) -> None:
