@@ -123,9 +123,18 @@ CASES: dict[str, Case] = {
         setup="stopped_run_tb_file",
         creates=True,
     ),  # fmt: skip
-    "tracker-unknown": run("output.trackers=[mlfow]", expect=("output.trackers[0].name", "unknown trackers 'mlfow'")),
+    "tracker-unknown": run(
+        "output.trackers=[mlfow]", expect=("output.trackers[0].name: unknown trackers 'mlfow'; valid: ",)
+    ),
     "tracker-option-unknown": run(
         "output.trackers=[{name: mlflow, uri: x}]", expect=("output.trackers[0].uri: unknown key", "tracking_uri"),
+    ),
+    "tracker-mode-unknown": run(
+        "output.trackers=[{name: wandb, mode: sometimes}]", expect=("output.trackers[0].mode = 'sometimes'",)
+    ),
+    # every number would be logged twice
+    "tracker-twice": run(
+        "output.trackers=[tensorboard, tensorboard]", expect=("output.trackers[1]: ", "is output.trackers[0] again")
     ),
     "trackers-not-a-list": run("output.trackers=mlflow", expect=("output.trackers", "valid list")),
     # a run among another run's files: report and plot of the outer one found both, as two copies of one seed
