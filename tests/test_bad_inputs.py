@@ -262,6 +262,13 @@ CASES: dict[str, Case] = {
         setup="a_file",
     ),  # fmt: skip
     "cifar10-missing": run("data.dataset=cifar10", "data.root=tv", expect=("cifar10", "data.download")),
+    "tinyimagenet-without-val": run(
+        "data.dataset=tinyimagenet",
+        "data.root={tmp}/tiny-imagenet-200",
+        "data.cache_dir={tmp}/cache",
+        expect=("no val/images/*.JPEG or no val/val_annotations.txt",),
+        setup="tinyimagenet_without_val",
+    ),  # fmt: skip
     "tinyimagenet-missing": run("data.dataset=tinyimagenet", "data.root=tin.zip", expect=("tinyimagenet", "Download")),
     # --- partition
     "partition-unknown": run("partition.name=bogus", expect=("partition.name", "unknown partitions", "dirichlet")),
@@ -481,6 +488,20 @@ CASES: dict[str, Case] = {
     ),  # fmt: skip
     "sweep-set-varied-key": Case(
         ("sweep", "{tmp}/sweep.yaml", "--set", "seed=3"), ("the sweep varies 'seed'",), setup="sweep"
+    ),  # fmt: skip
+    "sweep-set-without-value": Case(
+        ("sweep", "{tmp}/sweep.yaml", "--set", "train.rounds"), ("--set 'train.rounds': expected key.path=value",),
+        setup="sweep",
+    ),  # fmt: skip
+    "sweep-set-key-unknown": Case(
+        ("sweep", "{tmp}/sweep.yaml", "--set", "train.roundz=5"), ("train.roundz: unknown key",), setup="sweep"
+    ),  # fmt: skip
+    "sweep-key-in-grid-and-axes": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("model.norm set by both grid and axes.a",), setup="sweep_grid_and_axes"
+    ),  # fmt: skip
+    # the full budget must not take a short run for its cell
+    "sweep-cell-of-other-settings": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("train.rounds: 2 there, 1 here", "--output"), setup="sweep_run_longer"
     ),  # fmt: skip
     "sweep-output-a-file": Case(
         ("sweep", "{tmp}/sweep.yaml", "--output", "{tmp}/afile"),
@@ -954,6 +975,22 @@ def _sweep_bad_cell(tmp: Path) -> None:
 def _sweep_surrogate(tmp: Path) -> None:
     write_config(tmp, small_config(tmp), "base.yaml")
     (tmp / "sweep.yaml").write_text(f'base: {tmp / "base.yaml"}\ngrid:\n  data.cache_dir: ["a\\udcffb"]\n')
+
+
+def _sweep_grid_and_axes(tmp: Path) -> None:
+    _sweep(tmp, {"base": "base.yaml", "grid": {"model.norm": ["ln"]}, "axes": {"a": [{"model.norm": "fn"}]}})
+
+
+def _sweep_run_longer(tmp: Path) -> None:
+    _sweep(tmp)
+    assert main(["sweep", str(tmp / "sweep.yaml"), "--set", "train.rounds=2", "eval.every=1"]) == 0
+
+
+def _tinyimagenet_without_val(tmp: Path) -> None:
+    from PIL import Image
+
+    (tmp / "tiny-imagenet-200" / "train" / "n01" / "images").mkdir(parents=True)
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(tmp / "tiny-imagenet-200" / "train" / "n01" / "images" / "a.JPEG")
 
 
 def _sweep_and_run(tmp: Path) -> None:
