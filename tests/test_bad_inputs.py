@@ -25,6 +25,7 @@ import torch
 import yaml
 
 from fedsim.app.cli import main
+from fedsim.record.layout import RECORD_VERSION
 from tests.conftest import small_config, write_config
 
 
@@ -545,6 +546,31 @@ CASES: dict[str, Case] = {
         ("report", "{tmp}/rd", "--out", "{tmp}"), ("is not fedsim's", "give another --out"), setup="finished_run"
     ),  # fmt: skip
     "report-dir-theirs": Case(("report", "{tmp}"), ("--out", "is not fedsim's"), setup="finished_run"),
+    # --- a run record of another version, or one its files disagree with
+    "report-older-record": Case(
+        ("report", "{tmp}/rd", "--out", "{tmp}/rep"),
+        ("rd/summary.json: a run record of version 0, older than this", "upgrade it with `fedsim record upgrade"),
+        setup="older_record",
+    ),
+    "report-newer-record": Case(
+        ("report", "{tmp}/rd", "--out", "{tmp}/rep"),
+        (f"of version {RECORD_VERSION + 1}, newer than this fedsim's",),
+        setup="newer_record",
+    ),
+    "record-upgrade-newer": Case(
+        ("record", "upgrade", "{tmp}/rd"), (f"of record version {RECORD_VERSION + 1}, newer than this fedsim's",),
+        setup="newer_record",
+    ),  # fmt: skip
+    "record-upgrade-edited-summary": Case(
+        ("record", "upgrade", "{tmp}/rd"),
+        ("summary.json is not the file the run wrote (summary_sha256 in summary",),
+        setup="older_record_edited",
+    ),
+    "record-upgrade-metrics-short": Case(
+        ("record", "upgrade", "{tmp}/rd"),
+        ("metrics.jsonl ends at round 1 but the run finished 2 rounds",),
+        setup="older_record_metrics_short",
+    ),
     # --- fedsim local
     "local-missing-dir": Case(("local", "{tmp}/none", "--client", "0", "--steps", "5"), ("not a run directory",)),
     "local-steps-zero": Case(("local", "{tmp}", "--client", "0", "--steps", "0"), ("--steps 0", "in 1..1,000,000")),
@@ -863,6 +889,33 @@ def _finished_run(tmp: Path) -> None:
 def _finished_run_and_file(tmp: Path) -> None:
     _run_dir(tmp)
     _a_file(tmp)
+
+
+# what a summary of record version 1 and 2 holds that a fedsim before record versions did not write
+CHECKSUMS = ("config_sha256", "partition_sha256", "metrics_sha256", "metrics_lines", "summary_sha256", "files")
+
+
+def _older_record(tmp: Path) -> None:
+    path = _run_dir(tmp) / "summary.json"
+    summary = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in summary.items() if k not in (*CHECKSUMS, "record_version")}))
+
+
+def _older_record_edited(tmp: Path) -> None:
+    path = _run_dir(tmp) / "summary.json"
+    summary = {k: v for k, v in json.loads(path.read_text()).items() if k != "record_version"}
+    path.write_text(json.dumps({**summary, "final_client_mean_acc": 0.99}))  # edited after the run
+
+
+def _older_record_metrics_short(tmp: Path) -> None:
+    _older_record(tmp)
+    lines = (tmp / "rd" / "metrics.jsonl").read_text().splitlines()
+    (tmp / "rd" / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # its last evaluation lost
+
+
+def _newer_record(tmp: Path) -> None:
+    path = _run_dir(tmp) / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "record_version": RECORD_VERSION + 1}))
 
 
 def _killed_run(tmp: Path) -> None:
