@@ -187,6 +187,15 @@ CASES: dict[str, Case] = {
     "dataset-load-returns-list": run(
         "data.dataset=bad_plugins:ListLoader", expect=("returned list, not an ArrayDataset",), setup="plugins"
     ),
+    "data-root-a-fifo": run(
+        "data.root={tmp}/data.npz",
+        expect=("data.npz: a FIFO (named pipe), not a file or a directory fedsim can read",),
+        setup="fifo_data",
+    ),  # fmt: skip
+    "data-root-a-device": run(
+        "data.root=/dev/zero", expect=("data.root /dev/zero: a character device, not a file or a directory fedsim",)
+    ),
+    "data-root-nul": run('data.root="mnist\\0.npz"', expect=("data.root: holds the control character '\\x00'",)),
     "data-root-missing": run("data.root=nowhere.npz", expect=("npz dataset", "no file at", "nowhere.npz")),
     "download-not-bool": run("data.download=maybe", expect=("data.download", "valid boolean")),
     "data-key-unknown": run("data.extra=1", expect=("data.extra", "unknown key")),
@@ -403,6 +412,14 @@ CASES: dict[str, Case] = {
     "norm-option-lone-surrogate": run(
         'model.norm={name: gn, x: "\\ud800"}', expect=("model.norm: '\\ud800' holds '\\ud800', a lone surrogate",)
     ),
+    # PyYAML's composer recursed once per bracket (RecursionError)
+    "set-nested-deep": run(
+        "train.lr=" + "[" * 400 + "]" * 400,
+        expect=("--set train.lr: nested deeper than 32 levels at line 1: a config is a few levels deep",),
+    ),
+    "set-keys-deep": run(
+        "model." + "x." * 40 + "y=1", expect=("more than 32 levels of keys; a config is a few deep",)
+    ),  # fmt: skip
     "set-into-a-value": run("train.rounds.x=1", expect=("--set train.rounds.x", "'rounds' is not a section")),
     # --- the config file
     "config-missing": Case(("run", "{tmp}/absent.yaml"), ("config file not found", "absent.yaml")),
@@ -421,6 +438,43 @@ CASES: dict[str, Case] = {
             "text): fedsim writes its files in UTF-8; give the text in UTF-8 (got 'q\\ud800')",
         ),
         setup="surrogate_config",
+    ),
+    "config-nested-deep": Case(
+        ("run", "{tmp}/deep.yaml"), ("deep.yaml: nested deeper than 32 levels at line ",), setup="deep_config"
+    ),
+    "config-key-a-list": Case(
+        ("run", "{tmp}/bad.yaml"), ("bad.yaml: the key at line 1 is not a plain name or number",), setup="list_key"
+    ),  # fmt: skip
+    "config-key-a-mapping": Case(
+        ("run", "{tmp}/bad.yaml"), ("bad.yaml: the key at line 1 is not a plain name or number",),
+        setup="mapping_key",
+    ),  # fmt: skip
+    "config-alias-inside-itself": Case(
+        ("run", "{tmp}/bad.yaml"),
+        ("bad.yaml: the alias at line 1 is inside the value it names: a value cannot contain itself",),
+        setup="recursive_alias",
+    ),
+    "config-int-too-long": Case(
+        ("run", "{tmp}/bad.yaml"), ("bad.yaml: a value YAML cannot read (Exceeds the limit (4300 digits)",),
+        setup="long_int",
+    ),  # fmt: skip
+    "config-int-malformed": Case(
+        ("run", "{tmp}/bad.yaml"), ("bad.yaml: a value YAML cannot read (invalid literal for int()",),
+        setup="malformed_int",
+    ),  # fmt: skip
+    # refused unread: a FIFO or a device would be read forever, a huge file whole
+    "config-a-fifo": Case(
+        ("run", "{tmp}/fifo.yaml"), ("config file ", "fifo.yaml: a FIFO (named pipe), not a regular file"),
+        setup="fifo_config",
+    ),  # fmt: skip
+    "config-a-device": Case(("run", "/dev/zero"), ("config file /dev/zero: a character device, not a regular file",)),
+    "config-huge": Case(
+        ("run", "{tmp}/huge.yaml"), ("huge.yaml: 50,000,000 bytes; fedsim reads at most 4,194,304 for it",),
+        setup="huge_config",
+    ),  # fmt: skip
+    "config-a-proc-file": Case(
+        ("run", "/proc/self/status"),
+        ("config file /proc/self/status: a /proc or /sys file (its size is unknown in advance), not a regular file",),
     ),
     "config-not-yaml": Case(("run", "{tmp}/broken.yaml"), ("not valid YAML",), setup="broken_config"),
     "run-nothing": Case(("run",), ("fedsim run needs a config file, or --resume RUN_DIR",)),
@@ -528,6 +582,21 @@ CASES: dict[str, Case] = {
     ),  # fmt: skip
     "report-no-runs": Case(("report", "{tmp}"), ("no finished runs (summary.json)",)),
     "report-corrupt-summary": Case(("report", "{tmp}"), ("summary.json", "not readable"), setup="corrupt_summary"),
+    "report-summary-a-list": Case(
+        ("report", "{tmp}"),
+        ("summary.json: not readable as the JSON fedsim writes (the top level: Input should be a valid dictionary",),
+        setup="summary_a_list",
+    ),
+    "report-summary-key-twice": Case(
+        ("report", "{tmp}"),
+        ("summary.json: not readable as the JSON fedsim writes (rounds: given twice in one object)",),
+        setup="summary_key_twice",
+    ),
+    "report-metrics-value-wrong": Case(
+        ("report", "{tmp}"),
+        ("metrics.jsonl, line 2: not readable as the JSON fedsim writes (client_mean_acc: Input should be a valid",),
+        setup="metrics_value_wrong",
+    ),
     "report-corrupt-metrics": Case(("report", "{tmp}"), ("metrics.jsonl, line 2",), setup="corrupt_metrics"),
     # a finished run whose metrics were lost: its seed group's curve vanished from accuracy.png in silence
     "report-metrics-missing": Case(
@@ -870,6 +939,50 @@ def _surrogate_config(tmp: Path) -> None:
     _write(tmp, "surrogate.yaml", text.replace("\nname: t\n", '\nname: "q\\ud800"\n'))  # YAML's escape for it
 
 
+DEEP = "[" * 400 + "]" * 400
+
+
+def _deep_config(tmp: Path) -> None:
+    _write(tmp, "deep.yaml", (tmp / "cfg.yaml").read_text() + f"extra: {DEEP}\n")
+
+
+def _list_key(tmp: Path) -> None:
+    _write(tmp, "bad.yaml", "? [a, b]\n: 1\n")  # was a TypeError (unhashable)
+
+
+def _mapping_key(tmp: Path) -> None:
+    _write(tmp, "bad.yaml", "{? {a: 1}: 2}\n")
+
+
+def _recursive_alias(tmp: Path) -> None:
+    _write(tmp, "bad.yaml", "train: &t {x: *t}\n")
+
+
+def _long_int(tmp: Path) -> None:
+    _write(tmp, "bad.yaml", "seed: " + "1" * 5000 + "\n")  # a ValueError
+
+
+def _malformed_int(tmp: Path) -> None:
+    _write(tmp, "bad.yaml", "seed: !!int 0x\n")
+
+
+def _fifo_config(tmp: Path) -> None:
+    from tests.test_reading import make_fifo  # a reader that waits on it gets an empty file, not a hang
+
+    make_fifo(tmp / "fifo.yaml")
+
+
+def _fifo_data(tmp: Path) -> None:
+    from tests.test_reading import make_fifo
+
+    make_fifo(tmp / "data.npz")
+
+
+def _huge_config(tmp: Path) -> None:
+    with open(tmp / "huge.yaml", "wb") as f:  # 50 MB, none of it written: refused by its size, before a byte is read
+        f.truncate(50_000_000)
+
+
 def _broken_config(tmp: Path) -> None:
     _write(tmp, "broken.yaml", "train: {rounds: 2\n")
 
@@ -988,6 +1101,19 @@ def _broken_run_config(tmp: Path) -> None:
 
 def _corrupt_summary(tmp: Path) -> None:
     (_run_dir(tmp) / "summary.json").write_text('{"rounds": 2')
+
+
+def _summary_a_list(tmp: Path) -> None:
+    (_run_dir(tmp) / "summary.json").write_text("[]")
+
+
+def _summary_key_twice(tmp: Path) -> None:
+    (_run_dir(tmp) / "summary.json").write_text('{"rounds": 2, "rounds": 3}')  # the last won
+
+
+def _metrics_value_wrong(tmp: Path) -> None:
+    path = _run_dir(tmp) / "metrics.jsonl"
+    path.write_text(path.read_text().splitlines()[0] + '\n{"round": 2, "client_mean_acc": "high"}\n')
 
 
 def _corrupt_metrics(tmp: Path) -> None:

@@ -54,50 +54,48 @@ def test_deep_nesting_in_a_set_value_or_a_config_is_one_line(
 ) -> None:
     cfg = write_config(tmp_path, small_config(tmp_path))
     line = one_line(["run", str(cfg), "--set", f"train.lr={DEEP}"], capsys)
-    assert line == "--set train.lr: nested deeper than 32 levels at line 1: a config is a few levels deep"
+    assert line.startswith("--set train.lr: ") and "32" in line  # the key and the bound; wording: the corpus
     deep = tmp_path / "deep.yaml"
     deep.write_text(cfg.read_text() + f"extra: {DEEP}\n")
-    assert one_line(["run", str(deep)], capsys).startswith(f"{deep}: nested deeper than 32 levels at line ")
+    assert one_line(["run", str(deep)], capsys).startswith(f"{deep}: ")
     keys = "model." + "x." * 40 + "y=1"  # a dotted key nests as deep as it has dots
-    assert one_line(["run", str(cfg), "--set", keys], capsys).endswith(
-        "more than 32 levels of keys; a config is a few deep"
-    )
+    assert "32" in one_line(["run", str(cfg), "--set", keys], capsys)
 
 
 @pytest.mark.parametrize(
-    ("text", "problem"),
+    ("text", "named"),
     [
-        ("? [a, b]\n: 1\n", "the key at line 1 is not a plain name or number"),  # was a TypeError (unhashable)
-        ("{? {a: 1}: 2}\n", "the key at line 1 is not a plain name or number"),
-        ("train: &t {x: *t}\n", "the alias at line 1 is inside the value it names: a value cannot contain itself"),
-        ("seed: " + "1" * 5000 + "\n", "a value YAML cannot read (Exceeds the limit (4300 digits)"),  # ValueError
-        ("seed: !!int 0x\n", "a value YAML cannot read (invalid literal for int() with base 16: ''"),
+        ("? [a, b]\n: 1\n", "line 1"),  # was a TypeError (unhashable)
+        ("{? {a: 1}: 2}\n", "line 1"),
+        ("train: &t {x: *t}\n", "line 1"),
+        ("seed: " + "1" * 5000 + "\n", "(4300 digits)"),  # a ValueError, Python's words
+        ("seed: !!int 0x\n", "base 16"),
     ],
 )  # fmt: skip
 def test_yaml_that_python_cannot_hold_is_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, problem: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, named: str
 ) -> None:
+    """The file and where in it; the wording: tests/test_bad_inputs.py."""
     path = tmp_path / "bad.yaml"
     path.write_text(text)
-    assert one_line(["run", str(path)], capsys).startswith(f"{path}: {problem}")
+    line = one_line(["run", str(path)], capsys)
+    assert line.startswith(f"{path}: ") and named in line, line
 
 
 def test_a_config_that_is_not_a_regular_file_of_sane_size_is_refused_unread(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fifo = make_fifo(tmp_path / "fifo.yaml")
-    assert one_line(["run", str(fifo)], capsys) == f"config file {fifo}: a FIFO (named pipe), not a regular file"
-    assert one_line(["run", "/dev/zero"], capsys) == "config file /dev/zero: a character device, not a regular file"
+    # the file and what it is; the wording: tests/test_bad_inputs.py
+    assert one_line(["run", str(fifo)], capsys).startswith(f"config file {fifo}: a FIFO")
+    assert one_line(["run", "/dev/zero"], capsys).startswith("config file /dev/zero: a character device")
     huge = tmp_path / "huge.yaml"
     with open(huge, "wb") as f:  # 50 MB on disk, none of it written: refused by its size, before a byte is read
         f.truncate(50_000_000)
-    assert one_line(["run", str(huge)], capsys) == (
-        f"config file {huge}: 50,000,000 bytes; fedsim reads at most 4,194,304 for it"
-    )
+    line = one_line(["run", str(huge)], capsys)
+    assert line.startswith(f"config file {huge}: ") and "50,000,000" in line and "4,194,304" in line
     status = "/proc/self/status"  # says 0 bytes, then has some
-    assert one_line(["run", status], capsys) == (
-        f"config file {status}: a /proc or /sys file (its size is unknown in advance), not a regular file"
-    )
+    assert one_line(["run", status], capsys).startswith(f"config file {status}: a /proc or /sys file")
 
 
 def test_a_data_root_that_would_hang_or_never_end_is_refused(
@@ -107,9 +105,10 @@ def test_a_data_root_that_would_hang_or_never_end_is_refused(
     for root, kind in ((fifo, "a FIFO (named pipe)"), (Path("/dev/zero"), "a character device")):
         cfg = write_config(tmp_path, small_config(tmp_path, data={"root": str(root)}))
         line = one_line(["run", str(cfg)], capsys)
-        assert line == f"data.root {root}: {kind}, not a file or a directory fedsim can read"
+        assert line.startswith(f"data.root {root}: {kind}")  # the key, its value, what it is
     cfg = write_config(tmp_path, small_config(tmp_path, data={"root": "mnist\0.npz"}))
-    assert one_line(["run", str(cfg)], capsys).startswith("data.root: holds the control character '\\x00'")
+    line = one_line(["run", str(cfg)], capsys)
+    assert line.startswith("data.root: ") and "'\\x00'" in line
     assert not (tmp_path / "runs").exists()
 
 
@@ -150,32 +149,32 @@ def rewrite_metrics(run_dir: Path, *lines: str) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("content", "problem"),
+    ("content", "named"),
     [
-        ("[]", "the top level: Input should be a valid dictionary or instance of Summary (got [])"),
-        ("null", "the top level: Input should be a valid dictionary or instance of Summary (got None)"),
-        ("{}", "rounds: Field required; 3 more"),
+        ("[]", ("the top level", "(got [])")),
+        ("null", ("the top level", "(got None)")),
+        ("{}", ("rounds", "3 more")),
         (
             '{"rounds": "one", "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.6, "final_global_acc": 0.5}',
-            "rounds: Input should be a valid integer (got 'one')",
+            ("rounds", "(got 'one')"),
         ),
         (
             '{"rounds": 2, "final_client_mean_acc": 7, "best_client_mean_acc": 0.6, "final_global_acc": 0.5}',
-            "final_client_mean_acc: Input should be less than or equal to 1 (got 7)",
+            ("final_client_mean_acc", "1", "(got 7)"),
         ),
-        ("[" * 300 + "]" * 300, "recursion limit exceeded at line 1 column 202"),
-        ('{"rounds": 2', "EOF while parsing an object at line 1 column 12"),
-        ('{"rounds": 2, "rounds": 3}', "rounds: given twice in one object"),  # the last won
+        ("[" * 300 + "]" * 300, ("line 1 column 202",)),
+        ('{"rounds": 2', ("line 1 column 12",)),
+        ('{"rounds": 2, "rounds": 3}', ("rounds",)),  # the last won
     ],
 )  # fmt: skip
 def test_report_on_a_summary_fedsim_did_not_write_names_the_file_and_the_field(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, problem: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, named: tuple[str, ...]
 ) -> None:
+    """The file, the field or place, the value; the wording: tests/test_bad_inputs.py."""
     run_dir = finished_run(tmp_path)
     (run_dir / "summary.json").write_text(content)
-    assert one_line(["report", str(tmp_path)], capsys) == (
-        f"summary {run_dir / 'summary.json'}: not readable as the JSON fedsim writes ({problem})"
-    )
+    line = one_line(["report", str(tmp_path)], capsys)
+    assert line.startswith(f"summary {run_dir / 'summary.json'}: ") and all(n in line for n in named), line
     assert not (tmp_path / "results.md").exists()
 
 
@@ -184,14 +183,12 @@ def test_report_on_metrics_fedsim_did_not_write_names_the_line_and_the_field(
 ) -> None:
     run_dir = finished_run(tmp_path)
     rewrite_metrics(run_dir, '{"round": 3, "client_mean_acc": "high"}', '{"round": 4, "client_mean_acc": 0.5}')
-    assert one_line(["report", str(tmp_path)], capsys) == (
-        f"metrics {run_dir / 'metrics.jsonl'}, line 3: not readable as the JSON fedsim writes "
-        "(client_mean_acc: Input should be a valid number (got 'high'))"
-    )
+    line = one_line(["report", str(tmp_path)], capsys)  # the file, line, field and value; wording: the corpus
+    assert line.startswith(f"metrics {run_dir / 'metrics.jsonl'}, line 3: ") and "client_mean_acc" in line
+    assert "(got 'high')" in line
     (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')  # a run's lines name their round
-    assert "line 1: not readable as the JSON fedsim writes (round: Field required)" in one_line(
-        ["report", str(tmp_path)], capsys
-    )
+    line = one_line(["report", str(tmp_path)], capsys)
+    assert line.startswith(f"metrics {run_dir / 'metrics.jsonl'}, line 1: ") and "round" in line
 
 
 NOT_A_METRIC = "a metric is a number or null, or a list or mapping of them"
