@@ -597,6 +597,35 @@ CASES: dict[str, Case] = {
         ("metrics.jsonl, line 2: not readable as the JSON fedsim writes (client_mean_acc: Input should be a valid",),
         setup="metrics_value_wrong",
     ),
+    # a line the run could not have written: report, plot and the API drew and tabulated it
+    "report-metrics-not-a-metric": Case(
+        ("report", "{tmp}"),
+        ("line 2: not readable as the JSON fedsim writes (train_loss: a metric is a number or null, or a list or "
+         "mapping of them (got 'x'))",),
+        setup="metrics_not_a_metric",
+    ),  # fmt: skip
+    "report-metrics-round-repeated": Case(
+        ("report", "{tmp}"),
+        ("line 2: not readable as the JSON fedsim writes (round: 1 after round 1; each line's round is larger "
+         "than the last's",),
+        setup="metrics_round_repeated",
+    ),  # fmt: skip
+    "plot-metrics-round-beyond": Case(
+        ("plot", "{tmp}/rd", "--out", "{tmp}/out"),
+        ("line 2: not readable as the JSON fedsim writes (round: round 3 is beyond the run's 2 rounds (got 3))",),
+        setup="metrics_round_beyond",
+    ),
+    "report-metrics-key-twice": Case(
+        ("report", "{tmp}"), ("line 2: not readable as the JSON fedsim writes (round: given twice in one object)",),
+        setup="metrics_key_twice",
+    ),  # fmt: skip
+    # a copied run directory is one sample: the report read "seeds 2, 12.28 ± 0.00" for two copies
+    "report-a-seed-twice": Case(
+        ("report", "{tmp}", "--out", "{tmp}/rep"),
+        ("are both seed 0 of one config (name, output, simulation, diagnostics, deploy aside): runs are averaged "
+         "over distinct seeds; move one of them out of the directories given",),
+        setup="run_copied",
+    ),  # fmt: skip
     "report-corrupt-metrics": Case(("report", "{tmp}"), ("metrics.jsonl, line 2",), setup="corrupt_metrics"),
     # a finished run whose metrics were lost: its seed group's curve vanished from accuracy.png in silence
     "report-metrics-missing": Case(
@@ -1114,6 +1143,31 @@ def _summary_key_twice(tmp: Path) -> None:
 def _metrics_value_wrong(tmp: Path) -> None:
     path = _run_dir(tmp) / "metrics.jsonl"
     path.write_text(path.read_text().splitlines()[0] + '\n{"round": 2, "client_mean_acc": "high"}\n')
+
+
+def _last_metrics_line(tmp: Path, line: str) -> None:
+    path = _run_dir(tmp) / "metrics.jsonl"
+    path.write_text(path.read_text().splitlines()[0] + "\n" + line + "\n")
+
+
+def _metrics_not_a_metric(tmp: Path) -> None:
+    _last_metrics_line(tmp, '{"round": 2, "train_loss": "x"}')
+
+
+def _metrics_round_repeated(tmp: Path) -> None:
+    _last_metrics_line(tmp, '{"round": 1, "client_mean_acc": 0.4}')
+
+
+def _metrics_round_beyond(tmp: Path) -> None:
+    _last_metrics_line(tmp, '{"round": 3, "client_mean_acc": 0.5}')
+
+
+def _metrics_key_twice(tmp: Path) -> None:
+    _last_metrics_line(tmp, '{"round": 2, "round": 1}')  # the last won
+
+
+def _run_copied(tmp: Path) -> None:
+    shutil.copytree(_run_dir(tmp), tmp / "rd-copy")
 
 
 def _corrupt_metrics(tmp: Path) -> None:
