@@ -155,7 +155,9 @@ CASES: dict[str, Case] = {
     "probe-above-test-set": run(
         "diagnostics.features=true", "diagnostics.probe_size=100000", expect=("probe_size = 100000", "1000")
     ),
-    "probe-above-test-set-unused": run("diagnostics.probe_size=100000", expect=("probe_size = 100000", "1000 images")),
+    "probe-above-test-set-unused": run(
+        "diagnostics.probe_size=100000", expect=("probe_size = 100000 is larger than the test set (1000 images",)
+    ),
     "diagnostics-key-unknown": run("diagnostics.feature=true", expect=("diagnostics.feature", "unknown key")),
     # --- deploy section (read by every command)
     "port-too-big": run("deploy.port=70000", expect=("deploy.port", "65535")),
