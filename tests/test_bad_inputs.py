@@ -26,7 +26,7 @@ import yaml
 
 from fedsim.app.cli import main
 from fedsim.record.layout import RECORD_VERSION
-from tests.conftest import small_config, write_config
+from tests.conftest import make_sweep, small_config, write_config
 
 
 @dataclass(frozen=True)
@@ -575,6 +575,77 @@ CASES: dict[str, Case] = {
         ("'a\\udcffb' holds '\\udcff', a lone surrogate",),
         setup="sweep_surrogate",
     ),
+    # cells that would share or ignore a directory
+    "sweep-cells-duplicate": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("two cells have the same overrides (seed=0): remove the duplicate",),
+        setup="sweep_duplicate_cells",
+    ),  # fmt: skip
+    "sweep-cell-names-collide": Case(
+        ("sweep", "{tmp}/sweep.yaml"),
+        ("cells {data.cache_dir=a/b} and {data.cache_dir=a_b} differ, but their directory names collide "
+         "(cache_dir=a_b: ",),
+        setup="sweep_colliding_names",
+    ),  # fmt: skip
+    "sweep-set-run-dir": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("set sets output.run_dir: each cell's name and ",), setup="sweep_set_run_dir"
+    ),  # fmt: skip
+    "sweep-cells-set-name": Case(("sweep", "{tmp}/sweep.yaml"), ("cells sets name: ",), setup="sweep_cells_name"),
+    "sweep-cli-set-output-dir": Case(
+        ("sweep", "{tmp}/sweep.yaml", "--set", "output.dir=x"),
+        ("--set output.dir=x: sets output.dir: each cell's name ",),
+        setup="sweep_one_seed",
+    ),
+    "sweep-cells-invalid": Case(
+        ("sweep", "{tmp}/sweep.yaml"),
+        ("2 of 4 sweep cells are invalid, so none was run: cell norm=nope: ", "; cell lr=-1: train.lr"),
+        setup="sweep_invalid_cells",
+    ),
+    # the section's mapping would replace the other's value: the cell named lr=0.1 would train at 0.2
+    "sweep-section-and-key": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("train and train.lr set by grid",), setup="sweep_section_and_key"
+    ),  # fmt: skip
+    "sweep-set-and-grid": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("train.rounds set by both set and grid",), setup="sweep_set_and_grid"
+    ),  # fmt: skip
+    "sweep-name-a-path": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("name = '../../escape'", "is a directory name under output"),
+        setup="sweep_name_a_path",
+    ),  # fmt: skip
+    "sweep-based-on-itself": Case(
+        ("sweep", "{tmp}/sweeps/s.yaml"),
+        ("base: s.yaml is this sweep file; give the run config its cells start from",),
+        setup="sweep_based_on_itself",
+    ),
+    "sweep-too-many-cells": Case(
+        ("sweep", "{tmp}/sweep.yaml"),
+        ("3,003 cells (cells x axes x grid), more than max_cells = 1,000; each is validated before the first run: "
+         "shrink the grid, or set max_cells: 3003 in the file",),
+        setup="sweep_too_many_cells",
+    ),  # fmt: skip
+    # 10^20 cells: refused from the lists' lengths, and never advised past the limit max_cells has
+    "sweep-cells-beyond-the-bound": Case(
+        ("sweep", "{tmp}/sweep.yaml"),
+        ("100,000,000,000,000,000,000 cells (cells x axes x grid), more than max_cells = 10,000; each is validated "
+         "before the first run: shrink the grid, or split it into several sweep files (max_cells is at most 10,000)",),
+        setup="sweep_cells_beyond_bound",
+    ),  # fmt: skip
+    "sweep-max-cells-above-bound": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("max_cells", "less than or equal to 10000"), setup="sweep_max_cells_huge"
+    ),  # fmt: skip
+    "sweep-parallel-a-boolean": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("sweep.yaml: parallel",), setup="sweep_parallel_true"
+    ),  # fmt: skip
+    "sweep-bad-data": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("npz dataset", "(every cell of the sweep)"), setup="sweep_bad_data"
+    ),  # fmt: skip
+    # nothing shows it is the cell's run: a damaged run directory, never "already complete"
+    "sweep-finished-cell-without-config": Case(
+        ("sweep", "{tmp}/sweep.yaml"),
+        ("sweep cell seed=1: ", "holds a finished run (summary.json) without a readable config.yaml (the run's "
+         "config.yaml not found: ", "damaged run directory; restore its config.yaml, or delete that directory to "
+         "redo the cell"),
+        setup="sweep_cell_config_lost",
+    ),  # fmt: skip
     "sweep-a-list": Case(("sweep", "{tmp}/list.yaml"), ("top level must be a mapping",), setup="list_config"),
     "sweep-duplicate-key": Case(("sweep", "{tmp}/dup.yaml"), ("is given twice",), setup="duplicate_config"),
     # --- fedsim report
@@ -1226,6 +1297,76 @@ def _tinyimagenet_without_val(tmp: Path) -> None:
 
     (tmp / "tiny-imagenet-200" / "train" / "n01" / "images").mkdir(parents=True)
     Image.new("RGB", (8, 8), (1, 2, 3)).save(tmp / "tiny-imagenet-200" / "train" / "n01" / "images" / "a.JPEG")
+
+
+def _sweep_duplicate_cells(tmp: Path) -> None:
+    make_sweep(tmp, {"seed": [0, 0]})
+
+
+def _sweep_colliding_names(tmp: Path) -> None:
+    make_sweep(tmp, {"data.cache_dir": ["a/b", "a_b"]})
+
+
+def _sweep_set_run_dir(tmp: Path) -> None:
+    make_sweep(tmp, {"seed": [0]}, set={"output.run_dir": "x"})  # each cell went to <sweep>/<cell> whatever it said
+
+
+def _sweep_cells_name(tmp: Path) -> None:
+    make_sweep(tmp, {"seed": [0]}, cells=[{"name": "mine"}])
+
+
+def _sweep_one_seed(tmp: Path) -> None:
+    make_sweep(tmp, {"seed": [0]})
+
+
+def _sweep_invalid_cells(tmp: Path) -> None:
+    make_sweep(tmp, {}, cells=[{"model.norm": "ln"}, {"model.norm": "nope"}, {"train.lr": -1}, {"model.norm": "none"}])
+
+
+def _sweep_section_and_key(tmp: Path) -> None:
+    make_sweep(tmp, {"train.lr": [0.1], "train": [{"lr": 0.2}]})
+
+
+def _sweep_set_and_grid(tmp: Path) -> None:
+    make_sweep(tmp, {"train.rounds": [1, 2]}, set={"train.rounds": 1})
+
+
+def _sweep_name_a_path(tmp: Path) -> None:
+    make_sweep(tmp, {"seed": [0]}, name="../../escape")
+
+
+def _sweep_based_on_itself(tmp: Path) -> None:
+    (tmp / "sweeps").mkdir()
+    body = {"base": "s.yaml", "output": str(tmp / "out"), "grid": {"seed": [0, 1]}}
+    (tmp / "sweeps" / "s.yaml").write_text(yaml.safe_dump(body))
+
+
+def _sweep_too_many_cells(tmp: Path) -> None:
+    make_sweep(tmp, {"seed": list(range(1001)), "model.norm": ["no1", "no2", "no3"]})
+
+
+def _sweep_cells_beyond_bound(tmp: Path) -> None:
+    make_sweep(tmp, {f"x{i}": list(range(10)) for i in range(20)}, max_cells=10_000)
+
+
+def _sweep_max_cells_huge(tmp: Path) -> None:
+    make_sweep(tmp, {"seed": [0, 1]}, max_cells=10_000_000)
+
+
+def _sweep_parallel_true(tmp: Path) -> None:
+    make_sweep(tmp, {"seed": [0]}, parallel=True)
+
+
+def _sweep_bad_data(tmp: Path) -> None:
+    (tmp / "bad.npz").write_bytes(b"not an archive")
+    make_sweep(tmp, {"seed": [0, 1]}, set={"data.root": str(tmp / "bad.npz")})
+
+
+def _sweep_cell_config_lost(tmp: Path) -> None:
+    make_sweep(tmp, {"seed": [0, 1]})
+    assert main(["sweep", str(tmp / "sweep.yaml")]) == 0
+    shutil.rmtree(tmp / "sweeps" / "s" / "seed=0")  # a cell still to run: it must not start
+    (tmp / "sweeps" / "s" / "seed=1" / "config.yaml").unlink()
 
 
 def _sweep_and_run(tmp: Path) -> None:
