@@ -145,7 +145,11 @@ CASES: dict[str, Case] = {
         setup="finished_run",
     ),
     "output-dir-a-run": run("output.dir={tmp}/rd", expect=("output.dir", "is a run directory"), setup="finished_run"),
-    "run-dir-finished": run("output.run_dir={tmp}/rd", expect=("holds a finished run",), setup="finished_run"),
+    "run-dir-finished": run(
+        "output.run_dir={tmp}/rd",
+        expect=("holds a finished run (summary.json)", "another output.run_dir"),
+        setup="finished_run",
+    ),
     "run-dir-resumable": run("output.run_dir={tmp}/rd", expect=("fedsim run --resume",), setup="checkpointed_run"),
     "progress-not-bool": run("output.progress=maybe", expect=("output.progress", "valid boolean")),
     "output-key-unknown": run("output.unknown=1", expect=("output.unknown", "unknown key")),
