@@ -105,7 +105,15 @@ CASES: dict[str, Case] = {
         'data.cache_dir="a\\tb"', expect=("data.cache_dir", "holds the control character '\\t'")
     ),
     "ray-address-malformed": run("simulation.ray_address=nohost", expect=("simulation.ray_address", "pattern")),
-    "ray-address-inline": run("simulation.ray_address=127.0.0.1:1", expect=("simulation.ray_address", "no effect")),
+    "ray-address-inline": run(
+        "simulation.ray_address=127.0.0.1:1",
+        expect=("simulation.ray_address", "no effect", "set simulation.backend: ray"),
+    ),
+    "ray-address-unreachable": run(
+        "simulation.backend=ray",
+        "simulation.ray_address=127.0.0.1:1",
+        expect=("simulation.ray_address = '127.0.0.1:1': no Ray cluster answers",),
+    ),  # fmt: skip
     "cpus-zero": run("simulation.client_resources.num_cpus=0", expect=("client_resources.num_cpus",)),
     "gpus-negative": run("simulation.client_resources.num_gpus=-1", expect=("client_resources.num_gpus",)),
     "vmap-flower": run("simulation.vmap_clients=4", "engine=flower", expect=("vmap_clients = 4 needs engine: local",)),
@@ -374,17 +382,18 @@ CASES: dict[str, Case] = {
     "scaffold-weighting-unknown": run("strategy={name: scaffold, weighting: random}", expect=("strategy.weighting",)),
     "fedbn-evaluate-unknown": run("strategy={name: fedbn, evaluate: both}", expect=("strategy.evaluate",)),
     "flower-fraction": run(
-        "strategy={name: 'flwr.serverapp.strategy:FedAvg', fraction_train: 0.5}", expect=("fraction_train=0.5",)
+        "strategy={name: 'flwr.serverapp.strategy:FedAvg', fraction_train: 0.5}",
+        expect=("fraction_train=0.5", "clients_per_round", "fraction_train: 1.0"),
     ),
     "flower-option-typo": run(
         "strategy={name: 'flwr.serverapp.strategy:FedAvg', fraction_trian: 1}",
-        expect=("strategy.fraction_trian", "unknown key"),
+        expect=("strategy.fraction_trian: unknown key", "fraction_train"),
     ),  # fmt: skip
     "flower-one-client": run(
         "strategy={name: 'flwr.serverapp.strategy:FedAvg'}",
         "train.num_clients=1",
         "partition={name: iid}",
-        expect=("min_available_nodes=2", "num_clients = 1"),
+        expect=("min_available_nodes=2", "num_clients = 1", "min_available_nodes: 1"),
     ),  # fmt: skip
     "plugin-raises-at-import": run(
         "strategy.name=bad_import:X", expect=("importing 'bad_import'", "RuntimeError"), setup="plugins"
