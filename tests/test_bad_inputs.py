@@ -25,7 +25,8 @@ import torch
 import yaml
 
 from fedsim.app.cli import main
-from tests.conftest import small_config, write_config
+from fedsim.record.layout import RECORD_VERSION
+from tests.conftest import make_sweep, small_config, write_config
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ CASES: dict[str, Case] = {
     "rounds-unbounded": run("train.rounds=100000000", expect=("train.rounds", "less than or equal to 10000000")),
     "rounds-fraction": run("train.rounds=2.5", expect=("train.rounds", "2.5")),
     "clients-zero": run("train.num_clients=0", expect=("train.num_clients",)),
+    "clients-above-data": run("train.num_clients=6000", expect=("num_clients", "6000", "5000")),
     "clients-huge": run("train.num_clients=10000000", expect=("train.num_clients", "1000000")),
     "per-round-zero": run("train.clients_per_round=0", expect=("train.clients_per_round",)),
     "per-round-above-clients": run("train.clients_per_round=99", expect=("clients_per_round", "1..num_clients (4)")),
@@ -99,12 +101,25 @@ CASES: dict[str, Case] = {
     "vmap-zero": run("simulation.vmap_clients=0", expect=("simulation.vmap_clients",)),
     "device-unknown": run("simulation.device=tpu", expect=("simulation.device", "'cpu' or 'cuda'")),
     "device-cuda-without-cuda": run("simulation.device=cuda", expect=("simulation.device = 'cuda'", "no CUDA")),
+    "cache-dir-control-character": run(
+        'data.cache_dir="a\\tb"', expect=("data.cache_dir", "holds the control character '\\t'")
+    ),
     "ray-address-malformed": run("simulation.ray_address=nohost", expect=("simulation.ray_address", "pattern")),
-    "ray-address-inline": run("simulation.ray_address=127.0.0.1:1", expect=("simulation.ray_address", "no effect")),
+    "ray-address-inline": run(
+        "simulation.ray_address=127.0.0.1:1",
+        expect=("simulation.ray_address", "no effect", "set simulation.backend: ray"),
+    ),
+    "ray-address-unreachable": run(
+        "simulation.backend=ray",
+        "simulation.ray_address=127.0.0.1:1",
+        expect=("simulation.ray_address = '127.0.0.1:1': no Ray cluster answers",),
+    ),  # fmt: skip
     "cpus-zero": run("simulation.client_resources.num_cpus=0", expect=("client_resources.num_cpus",)),
     "gpus-negative": run("simulation.client_resources.num_gpus=-1", expect=("client_resources.num_gpus",)),
     "vmap-flower": run("simulation.vmap_clients=4", "engine=flower", expect=("vmap_clients = 4 needs engine: local",)),
-    "vmap-bn": run("simulation.vmap_clients=4", "model.norm=bn", expect=("vmap_clients = 4", "running statistics")),
+    "vmap-bn": run(
+        "simulation.vmap_clients=4", "model.norm=bn", expect=("vmap_clients = 4", "'bn'", "running statistics")
+    ),
     # --- output
     "checkpoint-every-negative": run("output.checkpoint_every=-1", expect=("output.checkpoint_every",)),
     "output-dir-is-a-file": run("output.dir={tmp}/afile", expect=("output.dir", "is a file"), setup="a_file"),
@@ -117,9 +132,18 @@ CASES: dict[str, Case] = {
         setup="stopped_run_tb_file",
         creates=True,
     ),  # fmt: skip
-    "tracker-unknown": run("output.trackers=[mlfow]", expect=("output.trackers[0].name", "unknown trackers 'mlfow'")),
+    "tracker-unknown": run(
+        "output.trackers=[mlfow]", expect=("output.trackers[0].name: unknown trackers 'mlfow'; valid: ",)
+    ),
     "tracker-option-unknown": run(
         "output.trackers=[{name: mlflow, uri: x}]", expect=("output.trackers[0].uri: unknown key", "tracking_uri"),
+    ),
+    "tracker-mode-unknown": run(
+        "output.trackers=[{name: wandb, mode: sometimes}]", expect=("output.trackers[0].mode = 'sometimes'",)
+    ),
+    # every number would be logged twice
+    "tracker-twice": run(
+        "output.trackers=[tensorboard, tensorboard]", expect=("output.trackers[1]: ", "is output.trackers[0] again")
     ),
     "trackers-not-a-list": run("output.trackers=mlflow", expect=("output.trackers", "valid list")),
     # a run among another run's files: report and plot of the outer one found both, as two copies of one seed
@@ -129,7 +153,11 @@ CASES: dict[str, Case] = {
         setup="finished_run",
     ),
     "output-dir-a-run": run("output.dir={tmp}/rd", expect=("output.dir", "is a run directory"), setup="finished_run"),
-    "run-dir-finished": run("output.run_dir={tmp}/rd", expect=("holds a finished run",), setup="finished_run"),
+    "run-dir-finished": run(
+        "output.run_dir={tmp}/rd",
+        expect=("holds a finished run (summary.json)", "another output.run_dir"),
+        setup="finished_run",
+    ),
     "run-dir-resumable": run("output.run_dir={tmp}/rd", expect=("fedsim run --resume",), setup="checkpointed_run"),
     "progress-not-bool": run("output.progress=maybe", expect=("output.progress", "valid boolean")),
     "output-key-unknown": run("output.unknown=1", expect=("output.unknown", "unknown key")),
@@ -139,13 +167,16 @@ CASES: dict[str, Case] = {
     "probe-above-test-set": run(
         "diagnostics.features=true", "diagnostics.probe_size=100000", expect=("probe_size = 100000", "1000")
     ),
-    "probe-above-test-set-unused": run("diagnostics.probe_size=100000", expect=("probe_size = 100000", "1000 images")),
+    "probe-above-test-set-unused": run(
+        "diagnostics.probe_size=100000", expect=("probe_size = 100000 is larger than the test set (1000 images",)
+    ),
     "diagnostics-key-unknown": run("diagnostics.feature=true", expect=("diagnostics.feature", "unknown key")),
     # --- deploy section (read by every command)
     "port-too-big": run("deploy.port=70000", expect=("deploy.port", "65535")),
     "address-a-name": run("deploy.address=localhost", expect=("deploy.address = 'localhost'", "IP address")),
     "certificates-without-tls": run(
-        "deploy.certificates={ca: a.pem, cert: b.pem, key: c.pem}", expect=("deploy.certificates", "deploy.tls")
+        "deploy.certificates={ca: a.pem, cert: b.pem, key: c.pem}",
+        expect=("deploy.certificates is given but deploy.tls is false",),
     ),
     "certificates-missing": run(
         "deploy.tls=true",
@@ -154,7 +185,9 @@ CASES: dict[str, Case] = {
     ),  # fmt: skip
     "startup-timeout-zero": run("deploy.startup_timeout_s=0", expect=("deploy.startup_timeout_s",)),
     # --- data
-    "dataset-unknown": run("data.dataset=imagenet", expect=("data.dataset.name", "unknown datasets", "imagefolder")),
+    "dataset-unknown": run(
+        "data.dataset=imagenet", expect=("data.dataset.name", "unknown datasets", "imagefolder", "npz")
+    ),
     "dataset-path-without-module": run("data.dataset=:Foo", expect=("data.dataset.name", "package.module:Name")),
     "dataset-path-relative": run("data.dataset=.foo:Bar", expect=("data.dataset.name", "absolute")),
     "dataset-not-a-loader": run("data.dataset=os:path", expect=("data.dataset.name", "DatasetLoader subclass")),
@@ -168,6 +201,15 @@ CASES: dict[str, Case] = {
     "dataset-load-returns-list": run(
         "data.dataset=bad_plugins:ListLoader", expect=("returned list, not an ArrayDataset",), setup="plugins"
     ),
+    "data-root-a-fifo": run(
+        "data.root={tmp}/data.npz",
+        expect=("data.npz: a FIFO (named pipe), not a file or a directory fedsim can read",),
+        setup="fifo_data",
+    ),  # fmt: skip
+    "data-root-a-device": run(
+        "data.root=/dev/zero", expect=("data.root /dev/zero: a character device, not a file or a directory fedsim",)
+    ),
+    "data-root-nul": run('data.root="mnist\\0.npz"', expect=("data.root: holds the control character '\\x00'",)),
     "data-root-missing": run("data.root=nowhere.npz", expect=("npz dataset", "no file at", "nowhere.npz")),
     "download-not-bool": run("data.download=maybe", expect=("data.download", "valid boolean")),
     "data-key-unknown": run("data.extra=1", expect=("data.extra", "unknown key")),
@@ -177,7 +219,24 @@ CASES: dict[str, Case] = {
         "data.root={tmp}/forged.npz", expect=("claims (900000000000000, 28)",), setup="forged_npz"
     ),
     "npz-missing-keys": run("data.root={tmp}/partial.npz", expect=("missing keys", "y_test"), setup="partial_npz"),
-    "npz-float-images": run("data.root={tmp}/floats.npz", expect=("must be uint8",), setup="float_npz"),
+    "npz-float-images": run("data.root={tmp}/floats.npz", expect=("x_train: images must be uint8",), setup="float_npz"),
+    # (N, 3, 28, 28) read as 3-pixel-high images of 28 channels
+    "npz-channels-first": run(
+        "data.root={tmp}/nchw.npz",
+        expect=(
+            "x_train: shape (20, 3, 28, 28) looks channels-first (N, C, H, W); fedsim reads images as (N, H, W) or ",
+            "store them as np.moveaxis(x, 1, -1), shape (20, 28, 28, 3)",
+        ),
+        setup="channels_first_npz",
+    ),
+    "npz-class-control-character": run(
+        "data.root={tmp}/ctl.npz", expect=("'a\\nb'", "holds the control character"), setup="control_class_npz"
+    ),
+    "npz-labels-above-classes": run(
+        "data.root={tmp}/few.npz",
+        expect=("y_train has labels in [0, 9] but there are 2 classes",),
+        setup="few_classes_npz",
+    ),
     "archive-member-parent": run(
         "data.dataset=imagefolder",
         "data.root={tmp}/up.tar",
@@ -197,6 +256,28 @@ CASES: dict[str, Case] = {
         expect=("cannot decode", "decompression bomb"),
         setup="image_bomb",
     ),  # fmt: skip
+    "imagefolder-class-control-character": run(
+        "data.dataset=imagefolder",
+        "data.root={tmp}/tree",
+        "data.cache_dir={tmp}/cache",
+        expect=("the class name 'a\\tb' (a folder's name", "holds the control character"),
+        setup="control_class_tree",
+        creates=True,  # the decoded images' cache is written before the class names are checked
+    ),  # fmt: skip
+    "imagefolder-mixed-sizes": run(
+        "data.dataset=imagefolder",
+        "data.root={tmp}/tree",
+        "data.cache_dir={tmp}/cache",
+        expect=("test/b/1.png is 6x4 but", "all images must share one size"),
+        setup="mixed_size_tree",
+    ),  # fmt: skip
+    "imagefolder-no-test-split": run(
+        "data.dataset=imagefolder",
+        "data.root={tmp}/tree",
+        "data.cache_dir={tmp}/cache",
+        expect=("no test images; expected",),
+        setup="train_only_tree",
+    ),  # fmt: skip
     "imagefolder-missing": run("data.dataset=imagefolder", "data.root=nothere", expect=("nothing at", "nothere")),
     "imagefolder-not-an-archive": run(
         "data.dataset=imagefolder",
@@ -205,16 +286,38 @@ CASES: dict[str, Case] = {
         setup="a_file",
     ),  # fmt: skip
     "cifar10-missing": run("data.dataset=cifar10", "data.root=tv", expect=("cifar10", "data.download")),
+    "tinyimagenet-without-val": run(
+        "data.dataset=tinyimagenet",
+        "data.root={tmp}/tiny-imagenet-200",
+        "data.cache_dir={tmp}/cache",
+        expect=("no val/images/*.JPEG or no val/val_annotations.txt",),
+        setup="tinyimagenet_without_val",
+    ),  # fmt: skip
     "tinyimagenet-missing": run("data.dataset=tinyimagenet", "data.root=tin.zip", expect=("tinyimagenet", "Download")),
     # --- partition
     "partition-unknown": run("partition.name=bogus", expect=("partition.name", "unknown partitions", "dirichlet")),
-    "partition-option-unknown": run("partition.betta=0.1", expect=("partition.betta", "valid keys: beta")),
+    "partition-option-unknown": run(
+        "partition.betta=0.1", expect=("partition.betta", "unknown key", "valid keys: beta, min_size, balance")
+    ),
     "beta-zero": run("partition.beta=0", expect=("partition.beta", "greater than 0")),
     "beta-negative": run("partition.beta=-1", expect=("partition.beta",)),
     "beta-inf": run("partition.beta=.inf", expect=("partition", "beta = inf", "finite")),
     "classes-zero": run("partition={name: n_class, classes_per_client: 0}", expect=("classes_per_client",)),
-    "classes-above-classes": run("partition={name: n_class, classes_per_client: 11}", expect=("11", "1..10")),
+    "classes-above-classes": run(
+        "partition={name: n_class, classes_per_client: 11}", expect=("classes_per_client", "11", "1..10")
+    ),
     "min-size-impossible": run("partition={name: dirichlet, min_size: 100000}", expect=("min_size=100000",)),
+    "min-size-not-drawn": run(
+        "partition={name: dirichlet, beta: 0.05, min_size: 1200, max_tries: 5}",
+        expect=("min_size=1200", "max_tries=5 tries", "raise max_tries (at most 10,000)"),
+    ),
+    "n-class-chunks-above-samples": run(
+        "data.root={tmp}/twenty.npz",
+        "partition={name: n_class, classes_per_client: 10}",
+        expect=("class 0 has 2 train samples but 4 clients",),
+        setup="twenty_npz",
+    ),  # fmt: skip
+    "centralised-clients": run("partition={name: centralised}", expect=("train.num_clients must be 1, got 4",)),
     "iid-with-beta": run("partition={name: iid, beta: 1}", expect=("partition.beta", "unknown key", "'iid'")),
     "partition-not-a-partitioner": run("partition.name=os:path", expect=("Partitioner subclass",)),
     "partition-raises": run(
@@ -223,14 +326,39 @@ CASES: dict[str, Case] = {
         setup="plugins",
     ),  # fmt: skip
     # --- model and normaliser
-    "model-unknown": run("model.name=vgg", expect=("model.name", "unknown models", "resnet18")),
+    "model-unknown": run("model.name=vgg", expect=("model.name", "unknown models", "cnn", "mlp", "resnet18")),
     "model-option-unknown": run("model.hiden=[10]", expect=("model.hiden", "unknown key", "hidden")),
     "hidden-zero": run("model.hidden=[0]", expect=("model.hidden.0",)),
     "activation-unknown": run("model.activation=swish", expect=("model.activation", "'relu'")),
     "norm-position-unknown": run("model.norm_position=middle", expect=("model.norm_position", "'after'")),
+    "norm-sites-unknown": run(
+        "model={name: resnet18, norm: ln, norm_sites: outer}",
+        expect=("model.norm_sites = 'outer' for model 'resnet18'", "'all' or 'inner'"),
+    ),
+    "norm-sites-for-cnn": run(
+        "model={name: cnn, norm: ln, norm_sites: inner}",
+        expect=("model.norm_sites: unknown key for model 'cnn'", "valid keys: bias, activation"),
+    ),
+    "cnn-tiny-images": run(
+        "data.root={tmp}/tiny.npz",
+        "model={name: cnn, norm: ln}",
+        expect=("model 'cnn' needs inputs of at least 16x16 pixels, got (1, 8, 8)",),
+        setup="tiny_npz",
+    ),  # fmt: skip
     "bias-not-bool": run("model.bias=maybe", expect=("model.bias",)),
-    "norm-unknown": run("model.norm=layernorm", expect=("model.norm.name", "unknown norms 'layernorm'", "pln")),
-    "gn-groups-zero": run("model.norm={name: gn, groups: 0}", expect=("model.norm.groups",)),
+    "norm-unknown": run(
+        "model.norm=layernorm", expect=("model.norm.name", "unknown norms 'layernorm'", "bn, fn, gn", "pln", "rms")
+    ),
+    "gn-groups-zero": run(
+        "model.norm={name: gn, groups: 0}", expect=("model.norm.groups", "greater than or equal to 1")
+    ),
+    "gn-option-unknown": run(
+        "model.norm={name: gn, group: 2}",
+        expect=("model.norm.group: unknown key for norm 'gn'", "valid keys: groups, eps"),
+    ),
+    "gn-groups-zero-set-after": run(
+        "model.norm=gn", "model.norm.groups=0", expect=("model.norm.groups", "greater than or equal to 1")
+    ),
     "gn-groups-not-dividing": run("model.norm={name: gn, groups: 3}", expect=("model.norm.groups = 3", "divide")),
     "pln-group-of-one": run("model.norm={name: pln, group_size: 1}", expect=("'pln'", "group_size = 1")),
     "ln-eps-negative": run("model.norm={name: ln, eps: -1}", expect=("model.norm.eps",)),
@@ -254,17 +382,18 @@ CASES: dict[str, Case] = {
     "scaffold-weighting-unknown": run("strategy={name: scaffold, weighting: random}", expect=("strategy.weighting",)),
     "fedbn-evaluate-unknown": run("strategy={name: fedbn, evaluate: both}", expect=("strategy.evaluate",)),
     "flower-fraction": run(
-        "strategy={name: 'flwr.serverapp.strategy:FedAvg', fraction_train: 0.5}", expect=("fraction_train=0.5",)
+        "strategy={name: 'flwr.serverapp.strategy:FedAvg', fraction_train: 0.5}",
+        expect=("fraction_train=0.5", "clients_per_round", "fraction_train: 1.0"),
     ),
     "flower-option-typo": run(
         "strategy={name: 'flwr.serverapp.strategy:FedAvg', fraction_trian: 1}",
-        expect=("strategy.fraction_trian", "unknown key"),
+        expect=("strategy.fraction_trian: unknown key", "fraction_train"),
     ),  # fmt: skip
     "flower-one-client": run(
         "strategy={name: 'flwr.serverapp.strategy:FedAvg'}",
         "train.num_clients=1",
         "partition={name: iid}",
-        expect=("min_available_nodes=2", "num_clients = 1"),
+        expect=("min_available_nodes=2", "num_clients = 1", "min_available_nodes: 1"),
     ),  # fmt: skip
     "plugin-raises-at-import": run(
         "strategy.name=bad_import:X", expect=("importing 'bad_import'", "RuntimeError"), setup="plugins"
@@ -284,6 +413,28 @@ CASES: dict[str, Case] = {
     "set-without-key": run("=5", expect=("key.path=value",)),
     "set-empty-part": run("train..rounds=5", expect=("key.path=value",)),
     "set-not-yaml": run("partition={name: iid", expect=("--set partition", "not valid YAML")),
+    # the last value won in silence
+    "set-given-twice": run(
+        "train.rounds=1", "train.rounds=2", expect=("--set train.rounds is given twice ('1', then '2'): give it once",)
+    ),
+    # a lone surrogate passed the first validation, then was a pydantic JSON traceback (experiment.resolve)
+    "name-lone-surrogate": run(
+        'name="a\\udcffb"', expect=("name: holds '\\udcff', a lone surrogate", "(got 'a\\udcffb')")
+    ),
+    "cache-dir-lone-surrogate": run(
+        'data.cache_dir="/tmp/\\udcff"', expect=("data.cache_dir: holds '\\udcff', a lone surrogate",)
+    ),
+    "norm-option-lone-surrogate": run(
+        'model.norm={name: gn, x: "\\ud800"}', expect=("model.norm: '\\ud800' holds '\\ud800', a lone surrogate",)
+    ),
+    # PyYAML's composer recursed once per bracket (RecursionError)
+    "set-nested-deep": run(
+        "train.lr=" + "[" * 400 + "]" * 400,
+        expect=("--set train.lr: nested deeper than 32 levels at line 1: a config is a few levels deep",),
+    ),
+    "set-keys-deep": run(
+        "model." + "x." * 40 + "y=1", expect=("more than 32 levels of keys; a config is a few deep",)
+    ),  # fmt: skip
     "set-into-a-value": run("train.rounds.x=1", expect=("--set train.rounds.x", "'rounds' is not a section")),
     # --- the config file
     "config-missing": Case(("run", "{tmp}/absent.yaml"), ("config file not found", "absent.yaml")),
@@ -295,13 +446,79 @@ CASES: dict[str, Case] = {
     "config-billion-laughs": Case(
         ("run", "{tmp}/lol.yaml"), ("expand to more than 10,000 values",), setup="laughs_config"
     ),
+    "config-lone-surrogate": Case(
+        ("run", "{tmp}/surrogate.yaml"),
+        (
+            "name: holds '\\ud800', a lone surrogate, not a Unicode character (bytes that are not UTF-8, read as "
+            "text): fedsim writes its files in UTF-8; give the text in UTF-8 (got 'q\\ud800')",
+        ),
+        setup="surrogate_config",
+    ),
+    "config-nested-deep": Case(
+        ("run", "{tmp}/deep.yaml"), ("deep.yaml: nested deeper than 32 levels at line ",), setup="deep_config"
+    ),
+    "config-key-a-list": Case(
+        ("run", "{tmp}/bad.yaml"), ("bad.yaml: the key at line 1 is not a plain name or number",), setup="list_key"
+    ),  # fmt: skip
+    "config-key-a-mapping": Case(
+        ("run", "{tmp}/bad.yaml"), ("bad.yaml: the key at line 1 is not a plain name or number",),
+        setup="mapping_key",
+    ),  # fmt: skip
+    "config-alias-inside-itself": Case(
+        ("run", "{tmp}/bad.yaml"),
+        ("bad.yaml: the alias at line 1 is inside the value it names: a value cannot contain itself",),
+        setup="recursive_alias",
+    ),
+    "config-int-too-long": Case(
+        ("run", "{tmp}/bad.yaml"), ("bad.yaml: a value YAML cannot read (Exceeds the limit (4300 digits)",),
+        setup="long_int",
+    ),  # fmt: skip
+    "config-int-malformed": Case(
+        ("run", "{tmp}/bad.yaml"), ("bad.yaml: a value YAML cannot read (invalid literal for int()",),
+        setup="malformed_int",
+    ),  # fmt: skip
+    # refused unread: a FIFO or a device would be read forever, a huge file whole
+    "config-a-fifo": Case(
+        ("run", "{tmp}/fifo.yaml"), ("config file ", "fifo.yaml: a FIFO (named pipe), not a regular file"),
+        setup="fifo_config",
+    ),  # fmt: skip
+    "config-a-device": Case(("run", "/dev/zero"), ("config file /dev/zero: a character device, not a regular file",)),
+    "config-huge": Case(
+        ("run", "{tmp}/huge.yaml"), ("huge.yaml: 50,000,000 bytes; fedsim reads at most 4,194,304 for it",),
+        setup="huge_config",
+    ),  # fmt: skip
+    "config-a-proc-file": Case(
+        ("run", "/proc/self/status"),
+        ("config file /proc/self/status: a /proc or /sys file (its size is unknown in advance), not a regular file",),
+    ),
     "config-not-yaml": Case(("run", "{tmp}/broken.yaml"), ("not valid YAML",), setup="broken_config"),
-    "run-nothing": Case(("run",), ("needs a config file", "--resume")),
-    "resume-with-config": Case(("run", "{cfg}", "--resume", "{tmp}"), ("takes no config file",)),
+    "run-nothing": Case(("run",), ("fedsim run needs a config file, or --resume RUN_DIR",)),
+    "resume-with-config": Case(("run", "{cfg}", "--resume", "{tmp}"), ("takes no config file and no --set",)),
     "resume-missing-dir": Case(("run", "--resume", "{tmp}/none"), ("not a run directory",)),
     "resume-no-config": Case(("run", "--resume", "{tmp}"), ("not a run directory (no config.yaml)",)),
-    "resume-finished": Case(("run", "--resume", "{tmp}/rd"), ("already finished",), setup="finished_run"),
-    "resume-without-checkpoint": Case(("run", "--resume", "{tmp}/rd"), ("no checkpoint.pt",), setup="killed_run"),
+    "resume-finished": Case(
+        ("run", "--resume", "{tmp}/rd"), ("the run already finished (summary.json exists)",), setup="finished_run"
+    ),
+    "resume-without-checkpoint": Case(
+        ("run", "--resume", "{tmp}/rd"), ("no checkpoint.pt to resume from", "output.checkpoint_every"),
+        setup="killed_run",
+    ),  # fmt: skip
+    "resume-config-changed": Case(
+        ("run", "--resume", "{tmp}/rd"),
+        ("config.yaml differs from the checkpoint's config (train.lr: 0.05 -> 0.1)",),
+        setup="resumable_run_config_changed",
+    ),
+    # 256 bytes flipped inside a tensor's data, which torch.load reads without complaint
+    "resume-checkpoint-changed": Case(
+        ("run", "--resume", "{tmp}/rd"),
+        ("checkpoint.pt: not the file the run wrote (its sha256 in checkpoint.pt differs",),
+        setup="resumable_run_checkpoint_flipped",
+    ),
+    "resume-checkpoint-unversioned": Case(
+        ("run", "--resume", "{tmp}/rd"),
+        ("checkpoint.pt: a run record of version 0, older than", "upgrade it with `fedsim record upgrade"),
+        setup="resumable_run_checkpoint_unversioned",
+    ),
     "resume-config-not-yaml": Case(
         ("run", "--resume", "{tmp}/rd"), ("config.yaml", "not valid YAML"), setup="broken_run_config"
     ),
@@ -342,6 +559,20 @@ CASES: dict[str, Case] = {
     "sweep-set-varied-key": Case(
         ("sweep", "{tmp}/sweep.yaml", "--set", "seed=3"), ("the sweep varies 'seed'",), setup="sweep"
     ),  # fmt: skip
+    "sweep-set-without-value": Case(
+        ("sweep", "{tmp}/sweep.yaml", "--set", "train.rounds"), ("--set 'train.rounds': expected key.path=value",),
+        setup="sweep",
+    ),  # fmt: skip
+    "sweep-set-key-unknown": Case(
+        ("sweep", "{tmp}/sweep.yaml", "--set", "train.roundz=5"), ("train.roundz: unknown key",), setup="sweep"
+    ),  # fmt: skip
+    "sweep-key-in-grid-and-axes": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("model.norm set by both grid and axes.a",), setup="sweep_grid_and_axes"
+    ),  # fmt: skip
+    # the full budget must not take a short run for its cell
+    "sweep-cell-of-other-settings": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("train.rounds: 2 there, 1 here", "--output"), setup="sweep_run_longer"
+    ),  # fmt: skip
     "sweep-output-a-file": Case(
         ("sweep", "{tmp}/sweep.yaml", "--output", "{tmp}/afile"),
         ("--output (or the sweep file's output)", "a file"),
@@ -352,6 +583,82 @@ CASES: dict[str, Case] = {
         ("--output (or the sweep file's output)", "/rd/sweep is inside the run directory"),
         setup="sweep_and_run",
     ),
+    "sweep-lone-surrogate": Case(
+        ("sweep", "{tmp}/sweep.yaml", "--output", "{tmp}/sweeps"),
+        ("'a\\udcffb' holds '\\udcff', a lone surrogate",),
+        setup="sweep_surrogate",
+    ),
+    # cells that would share or ignore a directory
+    "sweep-cells-duplicate": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("two cells have the same overrides (seed=0): remove the duplicate",),
+        setup="sweep_duplicate_cells",
+    ),  # fmt: skip
+    "sweep-cell-names-collide": Case(
+        ("sweep", "{tmp}/sweep.yaml"),
+        ("cells {data.cache_dir=a/b} and {data.cache_dir=a_b} differ, but their directory names collide "
+         "(cache_dir=a_b: ",),
+        setup="sweep_colliding_names",
+    ),  # fmt: skip
+    "sweep-set-run-dir": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("set sets output.run_dir: each cell's name and ",), setup="sweep_set_run_dir"
+    ),  # fmt: skip
+    "sweep-cells-set-name": Case(("sweep", "{tmp}/sweep.yaml"), ("cells sets name: ",), setup="sweep_cells_name"),
+    "sweep-cli-set-output-dir": Case(
+        ("sweep", "{tmp}/sweep.yaml", "--set", "output.dir=x"),
+        ("--set output.dir=x: sets output.dir: each cell's name ",),
+        setup="sweep_one_seed",
+    ),
+    "sweep-cells-invalid": Case(
+        ("sweep", "{tmp}/sweep.yaml"),
+        ("2 of 4 sweep cells are invalid, so none was run: cell norm=nope: ", "; cell lr=-1: train.lr"),
+        setup="sweep_invalid_cells",
+    ),
+    # the section's mapping would replace the other's value: the cell named lr=0.1 would train at 0.2
+    "sweep-section-and-key": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("train and train.lr set by grid",), setup="sweep_section_and_key"
+    ),  # fmt: skip
+    "sweep-set-and-grid": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("train.rounds set by both set and grid",), setup="sweep_set_and_grid"
+    ),  # fmt: skip
+    "sweep-name-a-path": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("name = '../../escape'", "is a directory name under output"),
+        setup="sweep_name_a_path",
+    ),  # fmt: skip
+    "sweep-based-on-itself": Case(
+        ("sweep", "{tmp}/sweeps/s.yaml"),
+        ("base: s.yaml is this sweep file; give the run config its cells start from",),
+        setup="sweep_based_on_itself",
+    ),
+    "sweep-too-many-cells": Case(
+        ("sweep", "{tmp}/sweep.yaml"),
+        ("3,003 cells (cells x axes x grid), more than max_cells = 1,000; each is validated before the first run: "
+         "shrink the grid, or set max_cells: 3003 in the file",),
+        setup="sweep_too_many_cells",
+    ),  # fmt: skip
+    # 10^20 cells: refused from the lists' lengths, and never advised past the limit max_cells has
+    "sweep-cells-beyond-the-bound": Case(
+        ("sweep", "{tmp}/sweep.yaml"),
+        ("100,000,000,000,000,000,000 cells (cells x axes x grid), more than max_cells = 10,000; each is validated "
+         "before the first run: shrink the grid, or split it into several sweep files (max_cells is at most 10,000)",),
+        setup="sweep_cells_beyond_bound",
+    ),  # fmt: skip
+    "sweep-max-cells-above-bound": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("max_cells", "less than or equal to 10000"), setup="sweep_max_cells_huge"
+    ),  # fmt: skip
+    "sweep-parallel-a-boolean": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("sweep.yaml: parallel",), setup="sweep_parallel_true"
+    ),  # fmt: skip
+    "sweep-bad-data": Case(
+        ("sweep", "{tmp}/sweep.yaml"), ("npz dataset", "(every cell of the sweep)"), setup="sweep_bad_data"
+    ),  # fmt: skip
+    # nothing shows it is the cell's run: a damaged run directory, never "already complete"
+    "sweep-finished-cell-without-config": Case(
+        ("sweep", "{tmp}/sweep.yaml"),
+        ("sweep cell seed=1: ", "holds a finished run (summary.json) without a readable config.yaml (the run's "
+         "config.yaml not found: ", "damaged run directory; restore its config.yaml, or delete that directory to "
+         "redo the cell"),
+        setup="sweep_cell_config_lost",
+    ),  # fmt: skip
     "sweep-a-list": Case(("sweep", "{tmp}/list.yaml"), ("top level must be a mapping",), setup="list_config"),
     "sweep-duplicate-key": Case(("sweep", "{tmp}/dup.yaml"), ("is given twice",), setup="duplicate_config"),
     # --- fedsim report
@@ -361,6 +668,50 @@ CASES: dict[str, Case] = {
     ),  # fmt: skip
     "report-no-runs": Case(("report", "{tmp}"), ("no finished runs (summary.json)",)),
     "report-corrupt-summary": Case(("report", "{tmp}"), ("summary.json", "not readable"), setup="corrupt_summary"),
+    "report-summary-a-list": Case(
+        ("report", "{tmp}"),
+        ("summary.json: not readable as the JSON fedsim writes (the top level: Input should be a valid dictionary",),
+        setup="summary_a_list",
+    ),
+    "report-summary-key-twice": Case(
+        ("report", "{tmp}"),
+        ("summary.json: not readable as the JSON fedsim writes (rounds: given twice in one object)",),
+        setup="summary_key_twice",
+    ),
+    "report-metrics-value-wrong": Case(
+        ("report", "{tmp}"),
+        ("metrics.jsonl, line 2: not readable as the JSON fedsim writes (client_mean_acc: Input should be a valid",),
+        setup="metrics_value_wrong",
+    ),
+    # a line the run could not have written: report, plot and the API drew and tabulated it
+    "report-metrics-not-a-metric": Case(
+        ("report", "{tmp}"),
+        ("line 2: not readable as the JSON fedsim writes (train_loss: a metric is a number or null, or a list or "
+         "mapping of them (got 'x'))",),
+        setup="metrics_not_a_metric",
+    ),  # fmt: skip
+    "report-metrics-round-repeated": Case(
+        ("report", "{tmp}"),
+        ("line 2: not readable as the JSON fedsim writes (round: 1 after round 1; each line's round is larger "
+         "than the last's",),
+        setup="metrics_round_repeated",
+    ),  # fmt: skip
+    "plot-metrics-round-beyond": Case(
+        ("plot", "{tmp}/rd", "--out", "{tmp}/out"),
+        ("line 2: not readable as the JSON fedsim writes (round: round 3 is beyond the run's 2 rounds (got 3))",),
+        setup="metrics_round_beyond",
+    ),
+    "report-metrics-key-twice": Case(
+        ("report", "{tmp}"), ("line 2: not readable as the JSON fedsim writes (round: given twice in one object)",),
+        setup="metrics_key_twice",
+    ),  # fmt: skip
+    # a copied run directory is one sample: the report read "seeds 2, 12.28 ± 0.00" for two copies
+    "report-a-seed-twice": Case(
+        ("report", "{tmp}", "--out", "{tmp}/rep"),
+        ("are both seed 0 of one config (name, output, simulation, diagnostics, deploy aside): runs are averaged "
+         "over distinct seeds; move one of them out of the directories given",),
+        setup="run_copied",
+    ),  # fmt: skip
     "report-corrupt-metrics": Case(("report", "{tmp}"), ("metrics.jsonl, line 2",), setup="corrupt_metrics"),
     # a finished run whose metrics were lost: its seed group's curve vanished from accuracy.png in silence
     "report-metrics-missing": Case(
@@ -379,6 +730,31 @@ CASES: dict[str, Case] = {
         ("report", "{tmp}/rd", "--out", "{tmp}"), ("is not fedsim's", "give another --out"), setup="finished_run"
     ),  # fmt: skip
     "report-dir-theirs": Case(("report", "{tmp}"), ("--out", "is not fedsim's"), setup="finished_run"),
+    # --- a run record of another version, or one its files disagree with
+    "report-older-record": Case(
+        ("report", "{tmp}/rd", "--out", "{tmp}/rep"),
+        ("rd/summary.json: a run record of version 0, older than this", "upgrade it with `fedsim record upgrade"),
+        setup="older_record",
+    ),
+    "report-newer-record": Case(
+        ("report", "{tmp}/rd", "--out", "{tmp}/rep"),
+        (f"of version {RECORD_VERSION + 1}, newer than this fedsim's",),
+        setup="newer_record",
+    ),
+    "record-upgrade-newer": Case(
+        ("record", "upgrade", "{tmp}/rd"), (f"of record version {RECORD_VERSION + 1}, newer than this fedsim's",),
+        setup="newer_record",
+    ),  # fmt: skip
+    "record-upgrade-edited-summary": Case(
+        ("record", "upgrade", "{tmp}/rd"),
+        ("summary.json is not the file the run wrote (summary_sha256 in summary",),
+        setup="older_record_edited",
+    ),
+    "record-upgrade-metrics-short": Case(
+        ("record", "upgrade", "{tmp}/rd"),
+        ("metrics.jsonl ends at round 1 but the run finished 2 rounds",),
+        setup="older_record_metrics_short",
+    ),
     # --- fedsim local
     "local-missing-dir": Case(("local", "{tmp}/none", "--client", "0", "--steps", "5"), ("not a run directory",)),
     "local-steps-zero": Case(("local", "{tmp}", "--client", "0", "--steps", "0"), ("--steps 0", "in 1..1,000,000")),
@@ -420,7 +796,9 @@ CASES: dict[str, Case] = {
         ("plot", "{tmp}/rd", "--out", "{tmp}/afile"), ("--out", "is a file"), setup="finished_run_and_file"
     ),  # fmt: skip
     # --- fedsim compose
-    "compose-nodes-zero": Case(("compose", "{cfg}", "--nodes", "0", "--out", "{tmp}/c"), ("--nodes 0",)),
+    "compose-nodes-zero": Case(
+        ("compose", "{cfg}", "--nodes", "0", "--out", "{tmp}/c"), ("--nodes 0: train.num_clients",)
+    ),
     "compose-nodes-text": Case(("compose", "{cfg}", "--nodes", "abc"), ("--nodes", "invalid int")),
     "compose-memory-unknown": Case(("compose", "{cfg}", "--node-memory", "lots"), ("--node-memory 'lots'", "4g")),
     # argparse takes a value starting with '-' for an option: "expected one argument", and no way out
@@ -428,16 +806,42 @@ CASES: dict[str, Case] = {
         ("compose", "{cfg}", "--node-memory", "-4g"), ("--node-memory: expected one argument", "--node-memory=VALUE")
     ),
     "compose-out-a-file": Case(("compose", "{cfg}", "--out", "{tmp}/afile"), ("--out", "is a file"), setup="a_file"),
+    # Flower's SuperLink refuses to start (exit 104) and the SuperNodes exit 303: refused up front
+    "compose-supernode-auth-without-tls": Case(
+        ("compose", "{cfg}", "--out", "{tmp}/p", "--set", "deploy.supernode_auth=true"),
+        ("deploy.supernode_auth is true but deploy.tls is false",),
+    ),
+    "compose-out-theirs": Case(
+        ("compose", "{cfg}", "--out", "{tmp}/theirs"),
+        (
+            "/theirs is not fedsim's: fedsim writes only into a new or empty directory or one of its own compose "
+            "project directories (marked .fedsim); give another --out, or empty that directory",
+        ),
+        setup="their_directory",
+    ),
     "compose-no-data-root": Case(("compose", "{cfg}", "--out", "{tmp}/c", "--set", "data.root="), ("data.root",)),
     # --- fedsim deploy
     "deploy-vmap": Case(("deploy", "{cfg}", "--set", "simulation.vmap_clients=2"), ("each SuperNode trains",)),
+    "deploy-supernode-auth-without-tls": Case(
+        ("deploy", "{cfg}", "--set", "deploy.supernode_auth=true"), ("SuperNode authentication needs TLS",)
+    ),
     "deploy-address-elsewhere": Case(
         ("deploy", "{cfg}", "--set", "deploy.address=192.0.2.77"), ("deploy.address = '192.0.2.77'", "this host")
     ),
     "deploy-bad-data": Case(("deploy", "{cfg}", "--set", "data.root=nowhere.npz"), ("no file at",)),
     # --- the command line itself
+    "list-empty-kind": Case(
+        ("list", ""), ("unknown kind ''; valid: strategies, norms, models, datasets, partitions, trackers",)
+    ),
     "list-unknown-kind": Case(("list", "planets"), ("unknown kind 'planets'", "strategies")),
     "command-unknown": Case(("fly",), ("invalid choice: 'fly'",)),
+    # argparse kept the last of two values and dropped the first in silence
+    "option-given-twice": Case(
+        ("report", "{tmp}", "--target", "0.5", "--target", "0.9"),
+        ("report: argument --target", ": given twice (0.5, then 0.9): give it once (see fedsim report --help)"),
+    ),
+    # an unset shell variable is an empty path, which Python reads as the current directory
+    "path-empty": Case(("report", ""), ("report: argument dir: an empty path: give a file or directory",)),
     "option-unknown": Case(("run", "{cfg}", "--fast"), ("unrecognized arguments: --fast",)),
 }
 
@@ -495,6 +899,11 @@ def _a_file(tmp: Path) -> None:
     (tmp / "afile").write_text("not a directory")
 
 
+def _their_directory(tmp: Path) -> None:
+    (tmp / "theirs").mkdir()
+    (tmp / "theirs" / "compose.yaml").write_text("services: {mine: {image: busybox}}\n")
+
+
 def _plugins(tmp: Path) -> None:
     (tmp / "bad_plugins.py").write_text(PLUGINS)
     (tmp / "bad_import.py").write_text("raise RuntimeError('this module cannot be imported')\n")
@@ -529,6 +938,52 @@ def _partial_npz(tmp: Path) -> None:
 
 def _float_npz(tmp: Path) -> None:
     _npz(tmp / "floats.npz", x_train=np.zeros((20, 28, 28), np.float32))
+
+
+def _channels_first_npz(tmp: Path) -> None:
+    _npz(tmp / "nchw.npz", x_train=np.zeros((20, 3, 28, 28), np.uint8))
+
+
+def _control_class_npz(tmp: Path) -> None:
+    _npz(tmp / "ctl.npz", classes=np.array(["a\nb", *"bcdefghij"]))
+
+
+def _twenty_npz(tmp: Path) -> None:
+    _npz(tmp / "twenty.npz")  # 2 images of each class
+
+
+def _tiny_npz(tmp: Path) -> None:
+    x = np.zeros((20, 8, 8), np.uint8)
+    _npz(tmp / "tiny.npz", x_train=x, x_test=x)
+
+
+def _few_classes_npz(tmp: Path) -> None:
+    _npz(tmp / "few.npz", classes=np.array(["a", "b"]))
+
+
+def _tree(tmp: Path, files: dict[str, tuple[int, int]]) -> None:
+    """An image folder of real PNGs: path under tmp/tree -> (width, height)."""
+    from PIL import Image
+
+    for name, size in files.items():
+        (tmp / "tree" / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", size, (9, 9, 9)).save(tmp / "tree" / name)
+
+
+def _tree_files(classes: tuple[str, str] = ("a", "b")) -> dict[str, tuple[int, int]]:
+    return {f"{split}/{cls}/{i}.png": (5, 4) for split in ("train", "test") for cls in classes for i in range(2)}
+
+
+def _control_class_tree(tmp: Path) -> None:
+    _tree(tmp, _tree_files(("a\tb", "b")))
+
+
+def _mixed_size_tree(tmp: Path) -> None:
+    _tree(tmp, {**_tree_files(), "test/b/1.png": (6, 4)})
+
+
+def _train_only_tree(tmp: Path) -> None:
+    _tree(tmp, {k: v for k, v in _tree_files().items() if k.startswith("train/")})
 
 
 def _png(width: int, height: int) -> bytes:
@@ -593,6 +1048,56 @@ def _laughs_config(tmp: Path) -> None:
     _write(tmp, "lol.yaml", "\n".join(lines) + "\n")
 
 
+def _surrogate_config(tmp: Path) -> None:
+    text = (tmp / "cfg.yaml").read_text()
+    assert "\nname: t\n" in text
+    _write(tmp, "surrogate.yaml", text.replace("\nname: t\n", '\nname: "q\\ud800"\n'))  # YAML's escape for it
+
+
+DEEP = "[" * 400 + "]" * 400
+
+
+def _deep_config(tmp: Path) -> None:
+    _write(tmp, "deep.yaml", (tmp / "cfg.yaml").read_text() + f"extra: {DEEP}\n")
+
+
+def _list_key(tmp: Path) -> None:
+    _write(tmp, "bad.yaml", "? [a, b]\n: 1\n")  # was a TypeError (unhashable)
+
+
+def _mapping_key(tmp: Path) -> None:
+    _write(tmp, "bad.yaml", "{? {a: 1}: 2}\n")
+
+
+def _recursive_alias(tmp: Path) -> None:
+    _write(tmp, "bad.yaml", "train: &t {x: *t}\n")
+
+
+def _long_int(tmp: Path) -> None:
+    _write(tmp, "bad.yaml", "seed: " + "1" * 5000 + "\n")  # a ValueError
+
+
+def _malformed_int(tmp: Path) -> None:
+    _write(tmp, "bad.yaml", "seed: !!int 0x\n")
+
+
+def _fifo_config(tmp: Path) -> None:
+    from tests.test_reading import make_fifo  # a reader that waits on it gets an empty file, not a hang
+
+    make_fifo(tmp / "fifo.yaml")
+
+
+def _fifo_data(tmp: Path) -> None:
+    from tests.test_reading import make_fifo
+
+    make_fifo(tmp / "data.npz")
+
+
+def _huge_config(tmp: Path) -> None:
+    with open(tmp / "huge.yaml", "wb") as f:  # 50 MB, none of it written: refused by its size, before a byte is read
+        f.truncate(50_000_000)
+
+
 def _broken_config(tmp: Path) -> None:
     _write(tmp, "broken.yaml", "train: {rounds: 2\n")
 
@@ -614,6 +1119,33 @@ def _finished_run_and_file(tmp: Path) -> None:
     _a_file(tmp)
 
 
+# what a summary of record version 1 and 2 holds that a fedsim before record versions did not write
+CHECKSUMS = ("config_sha256", "partition_sha256", "metrics_sha256", "metrics_lines", "summary_sha256", "files")
+
+
+def _older_record(tmp: Path) -> None:
+    path = _run_dir(tmp) / "summary.json"
+    summary = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in summary.items() if k not in (*CHECKSUMS, "record_version")}))
+
+
+def _older_record_edited(tmp: Path) -> None:
+    path = _run_dir(tmp) / "summary.json"
+    summary = {k: v for k, v in json.loads(path.read_text()).items() if k != "record_version"}
+    path.write_text(json.dumps({**summary, "final_client_mean_acc": 0.99}))  # edited after the run
+
+
+def _older_record_metrics_short(tmp: Path) -> None:
+    _older_record(tmp)
+    lines = (tmp / "rd" / "metrics.jsonl").read_text().splitlines()
+    (tmp / "rd" / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # its last evaluation lost
+
+
+def _newer_record(tmp: Path) -> None:
+    path = _run_dir(tmp) / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "record_version": RECORD_VERSION + 1}))
+
+
 def _killed_run(tmp: Path) -> None:
     (_run_dir(tmp) / "summary.json").unlink()
 
@@ -622,6 +1154,35 @@ def _checkpointed_run(tmp: Path) -> None:
     run_dir = _run_dir(tmp)
     (run_dir / "summary.json").unlink()
     (run_dir / "checkpoint.pt").write_bytes(b"half a checkpoint")
+
+
+def _resumable_run(tmp: Path) -> Path:
+    """A run killed after its last checkpoint: a real checkpoint.pt, no summary.json."""
+    run_dir = tmp / "rd"
+    cfg = small_config(tmp, train={"rounds": 2}, output={"run_dir": str(run_dir), "checkpoint_every": 2})
+    assert main(["run", str(write_config(tmp, cfg, "rd.yaml"))]) == 0
+    (run_dir / "summary.json").unlink()
+    return run_dir
+
+
+def _resumable_run_config_changed(tmp: Path) -> None:
+    config = _resumable_run(tmp) / "config.yaml"
+    assert "lr: 0.05" in config.read_text()
+    config.write_text(config.read_text().replace("lr: 0.05", "lr: 0.1"))
+
+
+def _resumable_run_checkpoint_flipped(tmp: Path) -> None:
+    path = _resumable_run(tmp) / "checkpoint.pt"
+    saved = path.read_bytes()
+    middle = len(saved) // 2
+    path.write_bytes(saved[:middle] + bytes(b ^ 0xFF for b in saved[middle : middle + 256]) + saved[middle + 256 :])
+
+
+def _resumable_run_checkpoint_unversioned(tmp: Path) -> None:
+    path = _resumable_run(tmp) / "checkpoint.pt"
+    unversioned = torch.load(path, weights_only=True)
+    del unversioned["record_version"]  # as an older fedsim wrote it
+    torch.save(unversioned, path)
 
 
 def _another_layout_run(tmp: Path) -> None:
@@ -657,6 +1218,44 @@ def _corrupt_summary(tmp: Path) -> None:
     (_run_dir(tmp) / "summary.json").write_text('{"rounds": 2')
 
 
+def _summary_a_list(tmp: Path) -> None:
+    (_run_dir(tmp) / "summary.json").write_text("[]")
+
+
+def _summary_key_twice(tmp: Path) -> None:
+    (_run_dir(tmp) / "summary.json").write_text('{"rounds": 2, "rounds": 3}')  # the last won
+
+
+def _metrics_value_wrong(tmp: Path) -> None:
+    path = _run_dir(tmp) / "metrics.jsonl"
+    path.write_text(path.read_text().splitlines()[0] + '\n{"round": 2, "client_mean_acc": "high"}\n')
+
+
+def _last_metrics_line(tmp: Path, line: str) -> None:
+    path = _run_dir(tmp) / "metrics.jsonl"
+    path.write_text(path.read_text().splitlines()[0] + "\n" + line + "\n")
+
+
+def _metrics_not_a_metric(tmp: Path) -> None:
+    _last_metrics_line(tmp, '{"round": 2, "train_loss": "x"}')
+
+
+def _metrics_round_repeated(tmp: Path) -> None:
+    _last_metrics_line(tmp, '{"round": 1, "client_mean_acc": 0.4}')
+
+
+def _metrics_round_beyond(tmp: Path) -> None:
+    _last_metrics_line(tmp, '{"round": 3, "client_mean_acc": 0.5}')
+
+
+def _metrics_key_twice(tmp: Path) -> None:
+    _last_metrics_line(tmp, '{"round": 2, "round": 1}')  # the last won
+
+
+def _run_copied(tmp: Path) -> None:
+    shutil.copytree(_run_dir(tmp), tmp / "rd-copy")
+
+
 def _corrupt_metrics(tmp: Path) -> None:
     path = _run_dir(tmp) / "metrics.jsonl"
     path.write_text(path.read_text().splitlines()[0] + "\n{not json\n")
@@ -690,6 +1289,97 @@ def _sweep_typo(tmp: Path) -> None:
 
 def _sweep_bad_cell(tmp: Path) -> None:
     _sweep(tmp, {"base": "base.yaml", "output": str(tmp / "sweeps"), "cells": [{"model.norm": "nope"}]})
+
+
+def _sweep_surrogate(tmp: Path) -> None:
+    write_config(tmp, small_config(tmp), "base.yaml")
+    (tmp / "sweep.yaml").write_text(f'base: {tmp / "base.yaml"}\ngrid:\n  data.cache_dir: ["a\\udcffb"]\n')
+
+
+def _sweep_grid_and_axes(tmp: Path) -> None:
+    _sweep(tmp, {"base": "base.yaml", "grid": {"model.norm": ["ln"]}, "axes": {"a": [{"model.norm": "fn"}]}})
+
+
+def _sweep_run_longer(tmp: Path) -> None:
+    _sweep(tmp)
+    assert main(["sweep", str(tmp / "sweep.yaml"), "--set", "train.rounds=2", "eval.every=1"]) == 0
+
+
+def _tinyimagenet_without_val(tmp: Path) -> None:
+    from PIL import Image
+
+    (tmp / "tiny-imagenet-200" / "train" / "n01" / "images").mkdir(parents=True)
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(tmp / "tiny-imagenet-200" / "train" / "n01" / "images" / "a.JPEG")
+
+
+def _sweep_duplicate_cells(tmp: Path) -> None:
+    make_sweep(tmp, {"seed": [0, 0]})
+
+
+def _sweep_colliding_names(tmp: Path) -> None:
+    make_sweep(tmp, {"data.cache_dir": ["a/b", "a_b"]})
+
+
+def _sweep_set_run_dir(tmp: Path) -> None:
+    make_sweep(tmp, {"seed": [0]}, set={"output.run_dir": "x"})  # each cell went to <sweep>/<cell> whatever it said
+
+
+def _sweep_cells_name(tmp: Path) -> None:
+    make_sweep(tmp, {"seed": [0]}, cells=[{"name": "mine"}])
+
+
+def _sweep_one_seed(tmp: Path) -> None:
+    make_sweep(tmp, {"seed": [0]})
+
+
+def _sweep_invalid_cells(tmp: Path) -> None:
+    make_sweep(tmp, {}, cells=[{"model.norm": "ln"}, {"model.norm": "nope"}, {"train.lr": -1}, {"model.norm": "none"}])
+
+
+def _sweep_section_and_key(tmp: Path) -> None:
+    make_sweep(tmp, {"train.lr": [0.1], "train": [{"lr": 0.2}]})
+
+
+def _sweep_set_and_grid(tmp: Path) -> None:
+    make_sweep(tmp, {"train.rounds": [1, 2]}, set={"train.rounds": 1})
+
+
+def _sweep_name_a_path(tmp: Path) -> None:
+    make_sweep(tmp, {"seed": [0]}, name="../../escape")
+
+
+def _sweep_based_on_itself(tmp: Path) -> None:
+    (tmp / "sweeps").mkdir()
+    body = {"base": "s.yaml", "output": str(tmp / "out"), "grid": {"seed": [0, 1]}}
+    (tmp / "sweeps" / "s.yaml").write_text(yaml.safe_dump(body))
+
+
+def _sweep_too_many_cells(tmp: Path) -> None:
+    make_sweep(tmp, {"seed": list(range(1001)), "model.norm": ["no1", "no2", "no3"]})
+
+
+def _sweep_cells_beyond_bound(tmp: Path) -> None:
+    make_sweep(tmp, {f"x{i}": list(range(10)) for i in range(20)}, max_cells=10_000)
+
+
+def _sweep_max_cells_huge(tmp: Path) -> None:
+    make_sweep(tmp, {"seed": [0, 1]}, max_cells=10_000_000)
+
+
+def _sweep_parallel_true(tmp: Path) -> None:
+    make_sweep(tmp, {"seed": [0]}, parallel=True)
+
+
+def _sweep_bad_data(tmp: Path) -> None:
+    (tmp / "bad.npz").write_bytes(b"not an archive")
+    make_sweep(tmp, {"seed": [0, 1]}, set={"data.root": str(tmp / "bad.npz")})
+
+
+def _sweep_cell_config_lost(tmp: Path) -> None:
+    make_sweep(tmp, {"seed": [0, 1]})
+    assert main(["sweep", str(tmp / "sweep.yaml")]) == 0
+    shutil.rmtree(tmp / "sweeps" / "s" / "seed=0")  # a cell still to run: it must not start
+    (tmp / "sweeps" / "s" / "seed=1" / "config.yaml").unlink()
 
 
 def _sweep_and_run(tmp: Path) -> None:

@@ -213,10 +213,10 @@ def test_supernode_auth_without_tls_is_a_config_error(tmp_path: Path, capsys: py
     """Flower's SuperLink refuses to start (exit 104) and the SuperNodes exit 303: refuse it up front."""
     assert main(["compose", str(QUICKSTART), "--out", str(tmp_path / "p"), "--set", "deploy.supernode_auth=true"]) == 2
     err = capsys.readouterr().err
-    assert "deploy.supernode_auth is true but deploy.tls is false" in err and "Traceback" not in err
+    assert "deploy.supernode_auth" in err and "deploy.tls" in err and "Traceback" not in err  # wording: the corpus
     assert not (tmp_path / "p").exists()
     assert main(["deploy", str(REPO / "configs" / "deploy_smoke.yaml"), "--set", "deploy.supernode_auth=true"]) == 2
-    assert "SuperNode authentication needs TLS" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith("fedsim: error: ")
 
 
 def test_supernodes_start_after_their_keys_are_registered_and_submit_registers_nothing(tmp_path: Path) -> None:
@@ -307,13 +307,13 @@ def test_certificates_without_tls_is_a_config_error(tmp_path: Path) -> None:
     path.write_text(
         (REPO / "configs" / "deploy_smoke.yaml").read_text() + "deploy: {certificates: {ca: a, cert: b, key: c}}\n"
     )
-    with pytest.raises(ConfigError, match="deploy.certificates is given but deploy.tls is false"):
+    with pytest.raises(ConfigError, match=r"deploy\.certificates\b.*deploy\.tls\b"):
         load_config(path)
 
 
 @pytest.mark.parametrize(
     ("override", "fragment"),
-    [("deploy.address=myhost", "deploy.address = 'myhost': give an IP address"),
+    [("deploy.address=myhost", "deploy.address = 'myhost'"),
      ("deploy.port=70000", "deploy.port"),
      ("train.on_client_failure=ignore", "train.on_client_failure")],
 )  # fmt: skip
@@ -329,11 +329,11 @@ def test_compose_rejects_zero_nodes_and_missing_certificates(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["compose", str(QUICKSTART), "--nodes", "0", "--out", str(tmp_path / "p")]) == 2
-    assert "--nodes 0: train.num_clients" in capsys.readouterr().err
+    assert "--nodes 0" in (err := capsys.readouterr().err) and "train.num_clients" in err
     assert not (tmp_path / "p").exists()
     certs = "deploy.certificates={ca: nope.pem, cert: nope.pem, key: nope.key}"
     assert main(["compose", str(QUICKSTART), "--out", str(tmp_path / "q"), "--set", "deploy.tls=true", certs]) == 2
-    assert "deploy.certificates.ca: no file at" in capsys.readouterr().err
+    assert "deploy.certificates.ca" in (err := capsys.readouterr().err) and "nope.pem" in err
 
 
 def test_compose_writes_only_into_a_project_of_its_own(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -342,10 +342,8 @@ def test_compose_writes_only_into_a_project_of_its_own(tmp_path: Path, capsys: p
     (theirs / "compose.yaml").write_text("services: {mine: {image: busybox}}\n")
     (theirs / ".env").write_text("SECRET=mine\n")
     assert main(["compose", str(QUICKSTART), "--out", str(theirs)]) == 2
-    assert capsys.readouterr().err == (
-        f"fedsim: error: --out {theirs} is not fedsim's: fedsim writes only into a new or empty directory or one "
-        "of its own compose project directories (marked .fedsim); give another --out, or empty that directory\n"
-    )
+    err = capsys.readouterr().err
+    assert err.startswith(f"fedsim: error: --out {theirs} ") and err.count("\n") == 1, err  # wording: the corpus
     assert (theirs / "compose.yaml").read_text() == "services: {mine: {image: busybox}}\n"
     assert (theirs / ".env").read_text() == "SECRET=mine\n" and sorted(p.name for p in theirs.iterdir()) == [
         ".env", "compose.yaml", "state",

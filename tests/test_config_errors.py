@@ -15,47 +15,44 @@ from tests.conftest import run_cli, small_config, write_config
 
 
 @pytest.mark.parametrize(
-    ("overrides", "expected"),
+    ("overrides", "field"),
     [
-        (["strategy.name=fedavgg"], ["strategy.name", "unknown strategies 'fedavgg'", "fedavg"]),
-        (["model.norm=layernorm"], ["model.norm", "unknown norms 'layernorm'", "bn, fn, gn", "pln", "rms"]),
-        (["data.dataset=imagenet"], ["data.dataset", "unknown datasets", "imagefolder", "npz"]),
-        (["model.name=vgg"], ["model.name", "cnn", "mlp", "resnet18"]),
-        (["train.lr=0"], ["train.lr", "greater than 0", "(got 0)"]),
-        (["train.lr=-0.1"], ["train.lr", "greater than 0"]),
-        (["partition.beta=0"], ["partition.beta", "greater than 0"]),
-        (["partition.betta=0.1"], ["partition.betta", "unknown key", "beta, min_size, balance"]),
-        (["train.rounds=0"], ["train.rounds", "greater than or equal to 1"]),
-        (["train.clients_per_round=9"], ["clients_per_round", "1..num_clients (4)"]),
-        (["trian.rounds=3"], ["trian", "unknown key"]),
-        (["engine=warp"], ["engine", "'local' or 'flower'"]),
-        (["model.norm={name: gn, groups: 0}"], ["model.norm.groups", "greater than or equal to 1"]),
-        (["model.norm=gn", "model.norm.groups=0"], ["model.norm.groups", "greater than or equal to 1"]),
-        (
-            ["partition={name: n_class, classes_per_client: 11}"],
-            ["classes_per_client", "11", "1..10"],
-        ),
-        (["train.num_clients=6000"], ["num_clients", "6000", "5000"]),
-        (["simulation.vmap_clients=4", "engine=flower"], ["simulation.vmap_clients = 4 needs engine: local"]),
-        (["simulation.vmap_clients=4", "model.norm=bn"], ["simulation.vmap_clients = 4", "'bn'", "running statistics"]),
+        (["strategy.name=fedavgg"], "strategy.name"),
+        (["model.norm=layernorm"], "model.norm"),
+        (["data.dataset=imagenet"], "data.dataset"),
+        (["model.name=vgg"], "model.name"),
+        (["train.lr=0"], "train.lr"),
+        (["train.lr=-0.1"], "train.lr"),
+        (["partition.beta=0"], "partition.beta"),
+        (["partition.betta=0.1"], "partition.betta"),
+        (["train.rounds=0"], "train.rounds"),
+        (["train.clients_per_round=9"], "clients_per_round"),
+        (["trian.rounds=3"], "trian"),
+        (["engine=warp"], "engine"),
+        (["model.norm={name: gn, groups: 0}"], "model.norm.groups"),
+        (["model.norm=gn", "model.norm.groups=0"], "model.norm.groups"),
+        (["partition={name: n_class, classes_per_client: 11}"], "classes_per_client"),
+        (["train.num_clients=6000"], "num_clients"),
+        (["simulation.vmap_clients=4", "engine=flower"], "simulation.vmap_clients"),
+        (["simulation.vmap_clients=4", "model.norm=bn"], "simulation.vmap_clients"),
         # a lone surrogate passed the first validation, then was a pydantic JSON traceback (experiment.resolve)
-        (['name="a\\udcffb"'], ["name: holds '\\udcff', a lone surrogate", "(got 'a\\udcffb')"]),
-        (['data.cache_dir="/tmp/\\udcff"'], ["data.cache_dir: holds '\\udcff', a lone surrogate"]),
-        (['model.norm={name: gn, x: "\\ud800"}'], ["model.norm: '\\ud800' holds '\\ud800', a lone surrogate"]),
+        (['name="a\\udcffb"'], "name"),
+        (['data.cache_dir="/tmp/\\udcff"'], "data.cache_dir"),
+        (['model.norm={name: gn, x: "\\ud800"}'], "model.norm"),
         # the last value won in silence
-        (["train.rounds=1", "train.rounds=2"], ["--set train.rounds is given twice ('1', then '2'): give it once"]),
+        (["train.rounds=1", "train.rounds=2"], "--set train.rounds"),
     ],
 )
 def test_bad_config_is_one_clear_message(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: list[str], expected: list[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: list[str], field: str
 ) -> None:
+    """Each one line names the field; its wording is asserted in the bad-input corpus (tests/test_bad_inputs.py)."""
     path = write_config(tmp_path, small_config(tmp_path))
     code, err = run_cli(capsys, path, *overrides)
     assert code == 2
     assert err.startswith("fedsim: error: ")
     assert "Traceback" not in err and "Value error" not in err  # pydantic's wording stays out
-    for fragment in expected:
-        assert fragment in err, f"{fragment!r} not in {err!r}"
+    assert len(err.splitlines()) == 1 and field in err, err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("metrics.jsonl"))
 
 
@@ -87,7 +84,7 @@ def test_set_given_twice_runs_with_both(tmp_path: Path, capsys: pytest.CaptureFi
     assert rounds[-1] == 1  # train.rounds=1 from the first --set held; the run dir came from the second
     code = main(["run", str(path), "--set", "train.rounds=1", "--set", "train.rounds=2"])
     assert code == 2
-    assert "--set train.rounds is given twice ('1', then '2')" in capsys.readouterr().err
+    assert "--set train.rounds" in capsys.readouterr().err
 
 
 def test_compose_tls_host_given_twice_adds_up() -> None:
@@ -133,7 +130,7 @@ def test_an_option_taking_one_value_given_twice_is_refused(
     assert exit_.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"fedsim: error: {command}: argument {option}")
-    assert f": given twice ({first}, then {second}): give it once (see fedsim {command} --help)" in line
+    assert f"({first}, then {second})" in line  # both values named; the wording: tests/test_bad_inputs.py
 
 
 def test_a_path_starting_with_a_tilde_is_in_the_home_directory(
@@ -191,7 +188,7 @@ def test_an_empty_path_argument_is_refused_not_read_as_the_current_directory(
             main(list(argv))
         assert exit_.value.code == 2
         (line,) = capsys.readouterr().err.splitlines()
-        assert line.startswith(f"fedsim: error: {argument}: an empty path: give a file or directory"), line
+        assert line.startswith(f"fedsim: error: {argument}: "), line  # the wording: tests/test_bad_inputs.py
     assert not list(tmp_path.iterdir())
 
 
@@ -222,19 +219,19 @@ def test_a_failed_download_is_one_line_and_leaves_no_folders(
     path = write_config(tmp_path, small_config(tmp_path, data=data))
     code, err = run_cli(capsys, path)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert err.startswith(f"fedsim: error: data.download: could not download mnist into {root / 'MNIST' / 'raw'} ")
+    assert err.startswith("fedsim: error: data.download: ") and str(root / "MNIST" / "raw") in err
     assert "Connection refused" in err and not root.exists()
 
 
 def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run_cli(capsys, tmp_path / "absent.yaml")
-    assert code == 2 and "config file not found" in err and "absent.yaml" in err
+    assert code == 2 and err.startswith("fedsim: error: ") and "absent.yaml" in err
 
 
 def test_bad_override_syntax(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_config(tmp_path, small_config(tmp_path))
     code, err = run_cli(capsys, path, "train.rounds")
-    assert code == 2 and "key.path=value" in err
+    assert code == 2 and "--set 'train.rounds'" in err  # the wording: tests/test_bad_inputs.py
 
 
 @pytest.mark.slow
@@ -258,7 +255,7 @@ def test_list_shows_every_kind(capsys: pytest.CaptureFixture[str]) -> None:
 def test_list_of_an_empty_kind_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list", ""]) == 2  # it listed every kind
     err = capsys.readouterr().err.strip()
-    assert err == "fedsim: error: unknown kind ''; valid: strategies, norms, models, datasets, partitions, trackers"
+    assert err.startswith("fedsim: error: ") and "''" in err and len(err.splitlines()) == 1
 
 
 def test_a_lone_surrogate_in_a_config_file_or_a_sweep_file_is_one_line(
@@ -266,15 +263,15 @@ def test_a_lone_surrogate_in_a_config_file_or_a_sweep_file_is_one_line(
 ) -> None:
     path = write_config(tmp_path, small_config(tmp_path))
     path.write_text(path.read_text().replace("\nname: t\n", '\nname: "q\\ud800"\n'))  # YAML's escape for it
-    assert run_cli(capsys, path) == (2, "fedsim: error: name: holds '\\ud800', a lone surrogate, not a Unicode "
-                                        "character (bytes that are not UTF-8, read as text): fedsim writes its files "
-                                        "in UTF-8; give the text in UTF-8 (got 'q\\ud800')\n")  # fmt: skip
+    code, err = run_cli(capsys, path)
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("fedsim: error: name: "), err
+    assert "'q\\ud800'" in err  # the value as it came; the wording: tests/test_bad_inputs.py
     sweep = tmp_path / "sweep.yaml"
     base = write_config(tmp_path, small_config(tmp_path), "base.yaml")
     sweep.write_text(f'base: {base}\ngrid:\n  data.cache_dir: ["a\\udcffb"]\n')
     assert main(["sweep", str(sweep), "--output", str(tmp_path / "sweeps")]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and "'a\\udcffb' holds '\\udcff', a lone surrogate" in err[0]
+    assert len(err) == 1 and "'a\\udcffb'" in err[0]
 
 
 def test_the_error_file_is_written_only_as_a_new_file(

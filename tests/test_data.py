@@ -75,14 +75,14 @@ def test_npz_missing_file_names_the_path(tmp_path: Path) -> None:
 
 def test_npz_missing_keys_are_named(tmp_path: Path) -> None:
     np.savez(tmp_path / "half.npz", x_train=np.zeros((1, 2, 2), np.uint8), y_train=np.zeros(1))
-    with pytest.raises(DataError, match=r"missing keys \['x_test', 'y_test'\]") as err:
+    with pytest.raises(DataError, match=r"\['x_test', 'y_test'\]") as err:
         load_dataset("npz", tmp_path / "half.npz")
     assert str(tmp_path / "half.npz") in str(err.value)
 
 
 def test_npz_rejects_float_images(tmp_path: Path) -> None:
     write_npz(tmp_path / "f.npz", x_train=np.zeros((6, 5, 4), np.float32))
-    with pytest.raises(DataError, match="uint8"):
+    with pytest.raises(DataError, match="x_train"):
         load_dataset("npz", tmp_path / "f.npz")
 
 
@@ -100,9 +100,9 @@ def test_npz_channels_first_is_refused_naming_the_array_and_the_layout(
     write_npz(tmp_path / "nchw.npz", **{k: np.zeros(v, np.uint8) for k, v in other.items()})
     with pytest.raises(DataError) as err:
         load_dataset("npz", tmp_path / "nchw.npz")
-    message = str(err.value)
-    assert f"{key}: shape {shape} looks channels-first (N, C, H, W); fedsim reads images as (N, H, W) or " in message
-    assert f"store them as np.moveaxis(x, 1, -1), shape {(shape[0], *shape[2:], shape[1])}" in message
+    message = str(err.value)  # its wording: tests/test_bad_inputs.py
+    assert f"{key}: " in message and str(shape) in message
+    assert str((shape[0], *shape[2:], shape[1])) in message  # the shape to store them as
 
 
 @pytest.mark.parametrize("shape", [(5, 4), (5, 4, 1), (3, 3, 3), (5, 4, 4), (5, 5, 2), (1, 3, 3), (1, 28, 1)])
@@ -120,7 +120,7 @@ def test_npz_big_endian_arrays_read_as_their_values(tmp_path: Path) -> None:
     ds = load_dataset("npz", tmp_path / "be.npz")
     assert ds.y_train.tolist() == a["y_train"].tolist() and ds.y_test.tolist() == [2, 1, 0]
     write_npz(tmp_path / "bef.npz", x_train=np.zeros((6, 5, 4), ">f4"))
-    with pytest.raises(DataError, match="x_train: images must be uint8"):
+    with pytest.raises(DataError, match="x_train: "):
         load_dataset("npz", tmp_path / "bef.npz")
 
 
@@ -134,14 +134,15 @@ def test_class_names_with_a_control_character_are_refused(tmp_path: Path, name: 
     for root in (write_dir(tmp_path / "tree", files), write_tar(tmp_path / "tree.tar", files, "w")):
         with pytest.raises(DataError) as err:
             load_dataset("imagefolder", root, cache_dir=tmp_path / "cache")
-        assert f"the class name {name!r} (a folder's name" in str(err.value) and "\n" not in str(err.value)
+        assert repr(name) in str(err.value) and "\n" not in str(err.value)  # its wording: tests/test_bad_inputs.py
     write_npz(tmp_path / "c.npz", classes=np.array([name, "b", "c"]))
-    with pytest.raises(DataError, match="holds the control character"):
+    with pytest.raises(DataError) as err:
         load_dataset("npz", tmp_path / "c.npz")
+    assert repr(name) in str(err.value) and "\n" not in str(err.value)
 
 
 def test_unknown_dataset_lists_the_valid_names() -> None:
-    with pytest.raises(ConfigError, match=r"^data\.dataset\.name: unknown datasets 'no_such_set'.*imagefolder"):
+    with pytest.raises(ConfigError, match=r"^data\.dataset\.name: .*'no_such_set'.*imagefolder"):
         load_dataset("no_such_set", ".")
 
 
@@ -153,7 +154,7 @@ def test_every_loader_has_a_summary_for_fedsim_list() -> None:
 
 def test_array_dataset_rejects_labels_out_of_range() -> None:
     x = torch.zeros(2, 1, 2, 2, dtype=torch.uint8)
-    with pytest.raises(DataError, match="2 classes"):
+    with pytest.raises(DataError, match=r"y_train.*\[0, 2\]"):  # the split and its labels' range
         ArrayDataset(x, torch.tensor([0, 2]), x, torch.tensor([0, 1]), ["a", "b"], "bad")
 
 
@@ -297,7 +298,7 @@ def test_a_fedsim_cache_that_data_cache_dir_would_refuse_is_refused(
 ) -> None:
     # a mapping, not the process's environment: a lone surrogate cannot be put into that one
     monkeypatch.setattr(os, "environ", {**os.environ, "FEDSIM_CACHE": str(tmp_path / cache)})
-    with pytest.raises(ConfigError, match="FEDSIM_CACHE .*(control character|lone surrogate)"):
+    with pytest.raises(ConfigError, match="^FEDSIM_CACHE "):
         load_dataset("imagefolder", write_tar(tmp_path / "t.tar.gz", tree_files()))
     assert not (tmp_path / cache).exists()  # nothing made under the name
 
@@ -305,13 +306,13 @@ def test_a_fedsim_cache_that_data_cache_dir_would_refuse_is_refused(
 def test_imagefolder_mixed_sizes_name_an_offender(tmp_path: Path) -> None:
     files = tree_files()
     files["test/dog/99.png"] = png_bytes((0, 0, 0), size=(6, 4))
-    with pytest.raises(DataError, match=r"test/dog/99\.png is 6x4"):
+    with pytest.raises(DataError, match=r"test/dog/99\.png.*6x4"):
         load_dataset("imagefolder", write_tar(tmp_path / "bad.tar.gz", files), cache_dir=tmp_path)
 
 
 def test_imagefolder_without_test_split_explains_the_layout(tmp_path: Path) -> None:
     files = {k: v for k, v in tree_files().items() if not k.startswith("test/")}
-    with pytest.raises(DataError, match="no test images"):
+    with pytest.raises(DataError, match=r"t\.tar\.gz.*\btest\b"):  # the archive and the split; the wording: the corpus
         load_dataset("imagefolder", write_tar(tmp_path / "t.tar.gz", files), cache_dir=tmp_path)
 
 

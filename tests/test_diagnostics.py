@@ -142,9 +142,9 @@ def test_effective_rank_of_known_rank_matrices() -> None:
 def test_diagnostics_config_defaults_off_and_is_strict(tmp_path: Path) -> None:
     cfg = parse_config(small_config(tmp_path))
     assert ProbeDiagnostics.from_experiment(resolve(cfg)) is None
-    with pytest.raises(ConfigError, match="diagnostics.feature: unknown key"):
+    with pytest.raises(ConfigError, match=r"diagnostics\.feature\b"):
         parse_config(small_config(tmp_path, diagnostics={"feature": True}))
-    with pytest.raises(ConfigError, match="isometry_size = 20 must be <= probe_size"):
+    with pytest.raises(ConfigError, match=r"isometry_size\b.*\b20\b.*probe_size"):
         parse_config(small_config(tmp_path, diagnostics={"probe_size": 16, "isometry_size": 20}))
 
 
@@ -154,7 +154,7 @@ def test_the_probe_is_256_images_or_the_whole_smaller_test_set_and_a_given_size_
     assert probe_images(DiagnosticsConfig(), 1000) == 256
     assert probe_images(DiagnosticsConfig(), 100) == 100
     assert probe_images(DiagnosticsConfig(probe_size=64), 100) == 64
-    with pytest.raises(ConfigError, match=r"diagnostics.probe_size = 100000 is larger than the test set \(1000 images"):
+    with pytest.raises(ConfigError, match=r"diagnostics\.probe_size\b.*100000.*\b1000\b"):
         probe_images(DiagnosticsConfig(probe_size=100_000), 1000)
 
 

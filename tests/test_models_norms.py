@@ -195,9 +195,9 @@ def test_resnet18_inner_sites_normalise_only_inside_each_block() -> None:
 
 def test_norm_sites_is_a_resnet_option() -> None:
     assert len(dict(norm_modules(build("resnet18", "ln")))) == 17  # norm_sites: all, the default
-    with pytest.raises(ConfigError, match=r"model\.norm_sites = 'outer' for model 'resnet18'"):
+    with pytest.raises(ConfigError, match=r"model\.norm_sites\b.*'outer'.*'resnet18'"):
         build("resnet18", "ln", norm_sites="outer")
-    with pytest.raises(ConfigError, match=r"model\.norm_sites: unknown key for model 'cnn'"):
+    with pytest.raises(ConfigError, match=r"model\.norm_sites\b.*'cnn'"):
         build("cnn", "ln", norm_sites="inner")
 
 
@@ -259,11 +259,11 @@ def test_is_norm_module_finds_exactly_the_bn_modules() -> None:
 
 
 def test_unknown_norm_lists_valid_names() -> None:
-    with pytest.raises(ConfigError, match=r"^model\.norm\.name: unknown norms 'layernorm'") as err:
+    with pytest.raises(ConfigError, match=r"^model\.norm\.name: .*'layernorm'") as err:
         create_norm("layernorm")
     for name in BUILTIN_NORMS:
         assert name in str(err.value)
-    with pytest.raises(ConfigError, match=r"^model\.name: unknown models 'vgg'.*resnet18"):
+    with pytest.raises(ConfigError, match=r"^model\.name: .*'vgg'.*resnet18"):
         create_model("vgg", 10, CIFAR, create_norm("none"))
 
 
@@ -282,7 +282,7 @@ def test_bad_norm_options(norm: str, args: dict, field: str) -> None:
 
 
 def test_unknown_norm_arg_lists_valid_keys() -> None:
-    with pytest.raises(ConfigError, match="valid keys: groups, eps"):
+    with pytest.raises(ConfigError, match=r"^model\.norm\.group\b.*'gn'.*groups, eps"):
         create_norm("gn", {"group": 2})
 
 
@@ -305,7 +305,7 @@ def test_bad_model_options(args: dict, field: str) -> None:
 
 
 def test_cnn_rejects_tiny_inputs() -> None:
-    with pytest.raises(ConfigError, match="16x16"):
+    with pytest.raises(ConfigError, match=r"'cnn'.*16x16.*\(3, 8, 8\)"):
         build("cnn", "none", in_shape=(3, 8, 8))
 
 
@@ -327,5 +327,5 @@ def test_user_normaliser_from_dotted_path() -> None:
 
 
 def test_dotted_path_must_name_a_normaliser() -> None:
-    with pytest.raises(ConfigError, match="not a fedsim.norms.Normaliser"):
+    with pytest.raises(ConfigError, match=r"^model\.norm\.name: .*'torch\.nn:LayerNorm'.*fedsim\.norms\.Normaliser"):
         create_norm("torch.nn:LayerNorm")

@@ -174,17 +174,18 @@ def test_set_overrides_every_cell_and_output_moves_them(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "override", "fragment"),
+    ("name", "override", "field"),
     [
-        ("table4_norms.yaml", "partition.beta=0.5", "varies 'partition'"),
-        ("table3_last_layer.yaml", "model.bias=true", "varies 'model.bias'"),
-        ("table1_cifar100.yaml", "train.num_clients=10", "varies 'train.num_clients'"),
-        ("table4_norms.yaml", "train.rounds", "expected key.path=value"),
-        ("table4_norms.yaml", "train.roundz=5", "train.roundz: unknown key"),
+        ("table4_norms.yaml", "partition.beta=0.5", "'partition'"),
+        ("table3_last_layer.yaml", "model.bias=true", "'model.bias'"),
+        ("table1_cifar100.yaml", "train.num_clients=10", "'train.num_clients'"),
+        ("table4_norms.yaml", "train.rounds", "'train.rounds'"),
+        ("table4_norms.yaml", "train.roundz=5", "train.roundz"),
     ],
 )
-def test_bad_override_fails_at_plan(name: str, override: str, fragment: str) -> None:
-    with pytest.raises(ConfigError, match=fragment.replace(".", r"\.")):
+def test_bad_override_fails_at_plan(name: str, override: str, field: str) -> None:
+    """The key each names; the wording: tests/test_bad_inputs.py."""
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         plan(PAPER / name, [override])
 
 
@@ -192,7 +193,7 @@ def test_a_key_set_in_two_places_is_an_error(tmp_path: Path) -> None:
     write_config(tmp_path, small_config(tmp_path), "base.yaml")
     sweep = {"base": "base.yaml", "grid": {"model.norm": ["ln"]}, "axes": {"a": [{"model.norm": "fn"}]}}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(sweep))
-    with pytest.raises(ConfigError, match="model.norm set by both grid and axes.a"):
+    with pytest.raises(ConfigError, match=r"model\.norm\b.*\bgrid\b.*\baxes\.a\b"):
         plan(tmp_path / "s.yaml")
 
 
@@ -206,7 +207,7 @@ def mnist_sweep(tmp_path: Path) -> Path:
 def test_a_finished_run_of_other_settings_is_not_taken_for_the_cell(tmp_path: Path) -> None:
     path = mnist_sweep(tmp_path)
     out = run_sweep(path, log=lambda _: None, overrides=["train.rounds=1"])
-    with pytest.raises(ConfigError, match="train.rounds: 1 there, 2 here") as err:
+    with pytest.raises(ConfigError, match=r"train\.rounds\b.*\b1\b.*\b2\b") as err:
         run_sweep(path, log=lambda _: None)  # the full budget must not skip the short runs
     assert str(out / "norm=ln") in str(err.value) and "--output" in str(err.value)
     lines: list[str] = []  # differing only where results do not change: the runs are reused
@@ -294,7 +295,7 @@ def test_tinyimagenet_without_val_labels_says_what_it_expects(tmp_path: Path) ->
     root = tmp_path / "tiny-imagenet-200"
     (root / "train" / "n01" / "images").mkdir(parents=True)
     (root / "train" / "n01" / "images" / "a.JPEG").write_bytes(jpeg((1, 2, 3)))
-    with pytest.raises(DataError, match="no val/images/\\*.JPEG or no val/val_annotations.txt"):
+    with pytest.raises(DataError, match=r"val/images/\*\.JPEG.*val/val_annotations\.txt"):  # the files it looked for
         load_dataset("tinyimagenet", root, cache_dir=tmp_path / "cache")
 
 

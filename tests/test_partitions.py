@@ -216,7 +216,7 @@ def test_n_class_k_above_num_classes_raises(k: int) -> None:
 
 def test_n_class_more_chunks_than_samples_raises() -> None:
     train = np.concatenate([[0, 0], np.repeat(np.arange(1, C), 100)])  # class 0 has 2 samples
-    with pytest.raises(DataError, match="class 0 has 2 train samples but 5 clients"):
+    with pytest.raises(DataError, match=r"\bclass 0\b.*\b2\b.*\b5\b"):  # the class, its samples, the clients
         split("n_class", 5, seed=0, train=train, classes_per_client=C)
 
 
@@ -232,7 +232,7 @@ def test_centralised_is_one_client_with_everything() -> None:
 
 @pytest.mark.parametrize("num_clients", [2, 10])
 def test_centralised_refuses_more_than_one_client(num_clients: int) -> None:
-    with pytest.raises(ConfigError, match=rf"train\.num_clients must be 1, got {num_clients}"):
+    with pytest.raises(ConfigError, match=rf"train\.num_clients\b.*\b1\b.*\b{num_clients}\b"):
         split("centralised", num_clients, seed=0)
 
 
@@ -280,7 +280,7 @@ def test_dirichlet_impossible_min_size_raises() -> None:
     with pytest.raises(DataError, match=r"min_size=101.*num_clients=10.*beta=0\.5"):
         split("dirichlet", 10, seed=0, min_size=101)  # 10 x 101 > 1000 samples: fails before drawing
     with pytest.raises(
-        DataError, match=r"min_size=95.*max_tries=5 tries.*beta=0\.05.*raise max_tries \(at most 10,000\)"
+        DataError, match=r"min_size=95.*max_tries=5\b.*beta=0\.05.*max_tries.*10,000"
     ):
         split("dirichlet", 10, seed=0, beta=0.05, min_size=95, max_tries=5)
 
@@ -306,12 +306,12 @@ def test_dirichlet_balance_caps_client_size() -> None:
 @pytest.mark.parametrize("name", ["dirichlet", "n_class", "iid"])
 @pytest.mark.parametrize("num_clients", [0, 1001])
 def test_num_clients_out_of_range_raises(name: str, num_clients: int) -> None:
-    with pytest.raises(DataError, match=rf"num_clients must be in 1\.\.1000.*got {num_clients}"):
+    with pytest.raises(DataError, match=rf"num_clients\b.*1\.\.1000.*\b{num_clients}\b"):
         split(name, num_clients, seed=0)
 
 
 def test_labels_outside_num_classes_raise() -> None:
-    with pytest.raises(DataError, match=r"train labels must lie in 0\.\.9"):
+    with pytest.raises(DataError, match=r"\btrain labels\b.*0\.\.9"):
         split("iid", 2, seed=0, train=np.array([0, 3, 10]))
 
 

@@ -54,50 +54,48 @@ def test_deep_nesting_in_a_set_value_or_a_config_is_one_line(
 ) -> None:
     cfg = write_config(tmp_path, small_config(tmp_path))
     line = one_line(["run", str(cfg), "--set", f"train.lr={DEEP}"], capsys)
-    assert line == "--set train.lr: nested deeper than 32 levels at line 1: a config is a few levels deep"
+    assert line.startswith("--set train.lr: ") and "32" in line  # the key and the bound; wording: the corpus
     deep = tmp_path / "deep.yaml"
     deep.write_text(cfg.read_text() + f"extra: {DEEP}\n")
-    assert one_line(["run", str(deep)], capsys).startswith(f"{deep}: nested deeper than 32 levels at line ")
+    assert one_line(["run", str(deep)], capsys).startswith(f"{deep}: ")
     keys = "model." + "x." * 40 + "y=1"  # a dotted key nests as deep as it has dots
-    assert one_line(["run", str(cfg), "--set", keys], capsys).endswith(
-        "more than 32 levels of keys; a config is a few deep"
-    )
+    assert "32" in one_line(["run", str(cfg), "--set", keys], capsys)
 
 
 @pytest.mark.parametrize(
-    ("text", "problem"),
+    ("text", "named"),
     [
-        ("? [a, b]\n: 1\n", "the key at line 1 is not a plain name or number"),  # was a TypeError (unhashable)
-        ("{? {a: 1}: 2}\n", "the key at line 1 is not a plain name or number"),
-        ("train: &t {x: *t}\n", "the alias at line 1 is inside the value it names: a value cannot contain itself"),
-        ("seed: " + "1" * 5000 + "\n", "a value YAML cannot read (Exceeds the limit (4300 digits)"),  # ValueError
-        ("seed: !!int 0x\n", "a value YAML cannot read (invalid literal for int() with base 16: ''"),
+        ("? [a, b]\n: 1\n", "line 1"),  # was a TypeError (unhashable)
+        ("{? {a: 1}: 2}\n", "line 1"),
+        ("train: &t {x: *t}\n", "line 1"),
+        ("seed: " + "1" * 5000 + "\n", "(4300 digits)"),  # a ValueError, Python's words
+        ("seed: !!int 0x\n", "base 16"),
     ],
 )  # fmt: skip
 def test_yaml_that_python_cannot_hold_is_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, problem: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, named: str
 ) -> None:
+    """The file and where in it; the wording: tests/test_bad_inputs.py."""
     path = tmp_path / "bad.yaml"
     path.write_text(text)
-    assert one_line(["run", str(path)], capsys).startswith(f"{path}: {problem}")
+    line = one_line(["run", str(path)], capsys)
+    assert line.startswith(f"{path}: ") and named in line, line
 
 
 def test_a_config_that_is_not_a_regular_file_of_sane_size_is_refused_unread(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fifo = make_fifo(tmp_path / "fifo.yaml")
-    assert one_line(["run", str(fifo)], capsys) == f"config file {fifo}: a FIFO (named pipe), not a regular file"
-    assert one_line(["run", "/dev/zero"], capsys) == "config file /dev/zero: a character device, not a regular file"
+    # the file and what it is; the wording: tests/test_bad_inputs.py
+    assert one_line(["run", str(fifo)], capsys).startswith(f"config file {fifo}: a FIFO")
+    assert one_line(["run", "/dev/zero"], capsys).startswith("config file /dev/zero: a character device")
     huge = tmp_path / "huge.yaml"
     with open(huge, "wb") as f:  # 50 MB on disk, none of it written: refused by its size, before a byte is read
         f.truncate(50_000_000)
-    assert one_line(["run", str(huge)], capsys) == (
-        f"config file {huge}: 50,000,000 bytes; fedsim reads at most 4,194,304 for it"
-    )
+    line = one_line(["run", str(huge)], capsys)
+    assert line.startswith(f"config file {huge}: ") and "50,000,000" in line and "4,194,304" in line
     status = "/proc/self/status"  # says 0 bytes, then has some
-    assert one_line(["run", status], capsys) == (
-        f"config file {status}: a /proc or /sys file (its size is unknown in advance), not a regular file"
-    )
+    assert one_line(["run", status], capsys).startswith(f"config file {status}: a /proc or /sys file")
 
 
 def test_a_data_root_that_would_hang_or_never_end_is_refused(
@@ -107,9 +105,10 @@ def test_a_data_root_that_would_hang_or_never_end_is_refused(
     for root, kind in ((fifo, "a FIFO (named pipe)"), (Path("/dev/zero"), "a character device")):
         cfg = write_config(tmp_path, small_config(tmp_path, data={"root": str(root)}))
         line = one_line(["run", str(cfg)], capsys)
-        assert line == f"data.root {root}: {kind}, not a file or a directory fedsim can read"
+        assert line.startswith(f"data.root {root}: {kind}")  # the key, its value, what it is
     cfg = write_config(tmp_path, small_config(tmp_path, data={"root": "mnist\0.npz"}))
-    assert one_line(["run", str(cfg)], capsys).startswith("data.root: holds the control character '\\x00'")
+    line = one_line(["run", str(cfg)], capsys)
+    assert line.startswith("data.root: ") and "'\\x00'" in line
     assert not (tmp_path / "runs").exists()
 
 
@@ -150,32 +149,32 @@ def rewrite_metrics(run_dir: Path, *lines: str) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("content", "problem"),
+    ("content", "named"),
     [
-        ("[]", "the top level: Input should be a valid dictionary or instance of Summary (got [])"),
-        ("null", "the top level: Input should be a valid dictionary or instance of Summary (got None)"),
-        ("{}", "rounds: Field required; 3 more"),
+        ("[]", ("the top level", "(got [])")),
+        ("null", ("the top level", "(got None)")),
+        ("{}", ("rounds", "3 more")),
         (
             '{"rounds": "one", "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.6, "final_global_acc": 0.5}',
-            "rounds: Input should be a valid integer (got 'one')",
+            ("rounds", "(got 'one')"),
         ),
         (
             '{"rounds": 2, "final_client_mean_acc": 7, "best_client_mean_acc": 0.6, "final_global_acc": 0.5}',
-            "final_client_mean_acc: Input should be less than or equal to 1 (got 7)",
+            ("final_client_mean_acc", "1", "(got 7)"),
         ),
-        ("[" * 300 + "]" * 300, "recursion limit exceeded at line 1 column 202"),
-        ('{"rounds": 2', "EOF while parsing an object at line 1 column 12"),
-        ('{"rounds": 2, "rounds": 3}', "rounds: given twice in one object"),  # the last won
+        ("[" * 300 + "]" * 300, ("line 1 column 202",)),
+        ('{"rounds": 2', ("line 1 column 12",)),
+        ('{"rounds": 2, "rounds": 3}', ("rounds",)),  # the last won
     ],
 )  # fmt: skip
 def test_report_on_a_summary_fedsim_did_not_write_names_the_file_and_the_field(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, problem: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, named: tuple[str, ...]
 ) -> None:
+    """The file, the field or place, the value; the wording: tests/test_bad_inputs.py."""
     run_dir = finished_run(tmp_path)
     (run_dir / "summary.json").write_text(content)
-    assert one_line(["report", str(tmp_path)], capsys) == (
-        f"summary {run_dir / 'summary.json'}: not readable as the JSON fedsim writes ({problem})"
-    )
+    line = one_line(["report", str(tmp_path)], capsys)
+    assert line.startswith(f"summary {run_dir / 'summary.json'}: ") and all(n in line for n in named), line
     assert not (tmp_path / "results.md").exists()
 
 
@@ -184,44 +183,43 @@ def test_report_on_metrics_fedsim_did_not_write_names_the_line_and_the_field(
 ) -> None:
     run_dir = finished_run(tmp_path)
     rewrite_metrics(run_dir, '{"round": 3, "client_mean_acc": "high"}', '{"round": 4, "client_mean_acc": 0.5}')
-    assert one_line(["report", str(tmp_path)], capsys) == (
-        f"metrics {run_dir / 'metrics.jsonl'}, line 3: not readable as the JSON fedsim writes "
-        "(client_mean_acc: Input should be a valid number (got 'high'))"
-    )
+    line = one_line(["report", str(tmp_path)], capsys)  # the file, line, field and value; wording: the corpus
+    assert line.startswith(f"metrics {run_dir / 'metrics.jsonl'}, line 3: ") and "client_mean_acc" in line
+    assert "(got 'high')" in line
     (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')  # a run's lines name their round
-    assert "line 1: not readable as the JSON fedsim writes (round: Field required)" in one_line(
-        ["report", str(tmp_path)], capsys
-    )
+    line = one_line(["report", str(tmp_path)], capsys)
+    assert line.startswith(f"metrics {run_dir / 'metrics.jsonl'}, line 1: ") and "round" in line
 
 
 NOT_A_METRIC = "a metric is a number or null, or a list or mapping of them"
 
 
 @pytest.mark.parametrize(
-    ("line", "problem"),
+    ("line", "named"),
     [
-        ('{"round": 3, "train_loss": "x"}', f"train_loss: {NOT_A_METRIC} (got 'x')"),
-        ('{"round": 3, "train_loss": true}', f"train_loss: {NOT_A_METRIC} (got True)"),
-        ('{"round": 3, "client_acc": [0.5, "x"]}', "client_acc.1: Input should be a valid number (got 'x')"),
-        ('{"round": 3, "client_mean_acc": 0.4}', "round: 3 after round 3; each line's round is larger than the last's"),
-        ('{"round": 1, "client_mean_acc": 0.4}', "round: 1 after round 3; each line's round is larger than the last's"),
-        ('{"round": 0, "client_mean_acc": 0.4}', "round: Input should be greater than or equal to 1 (got 0)"),
+        ('{"round": 3, "train_loss": "x"}', ("train_loss", "(got 'x')")),
+        ('{"round": 3, "train_loss": true}', ("train_loss", "(got True)")),
+        ('{"round": 3, "client_acc": [0.5, "x"]}', ("client_acc.1", "(got 'x')")),
+        ('{"round": 3, "client_mean_acc": 0.4}', ("round: 3 ", "round 3")),
+        ('{"round": 1, "client_mean_acc": 0.4}', ("round: 1 ", "round 3")),
+        ('{"round": 0, "client_mean_acc": 0.4}', ("round", "(got 0)")),
         # lines the run could not have written: the report printed "rounds to 50%" 99999999999999991611392
         ('{"round": 99999999999999999999999, "client_mean_acc": 0.5}',
-         "round: round 99999999999999999999999 is beyond the run's 4 rounds"),
-        ('{"round": 5, "client_mean_acc": 0.5}', "round: round 5 is beyond the run's 4 rounds (got 5)"),
-        ('{"round": 4, "time_s": -5}', "time_s: Input should be greater than or equal to 0 (got -5)"),
-        ('{"round": 4, "rss_mb": -1.5}', "rss_mb: Input should be greater than or equal to 0 (got -1.5)"),
-        ('{"round": 4, "client_acc": [0.5, 1.5]}', "client_acc.1: Input should be less than or equal to 1 (got 1.5)"),
-        ('{"round": 4, "round": 3}', "round: given twice in one object"),  # the last won
-        ('{"round": 4, "failed_clients": {"2": [1], "2": [3]}}', "2: given twice in one object"),
+         ("round", "99999999999999999999999", "4 rounds")),
+        ('{"round": 5, "client_mean_acc": 0.5}', ("round", "round 5", "4 rounds", "(got 5)")),
+        ('{"round": 4, "time_s": -5}', ("time_s", "(got -5)")),
+        ('{"round": 4, "rss_mb": -1.5}', ("rss_mb", "(got -1.5)")),
+        ('{"round": 4, "client_acc": [0.5, 1.5]}', ("client_acc.1", "(got 1.5)")),
+        ('{"round": 4, "round": 3}', ("(round: ",)),  # the last won
+        ('{"round": 4, "failed_clients": {"2": [1], "2": [3]}}', ("(2: ",)),
     ],
 )  # fmt: skip
 def test_every_reader_of_metrics_refuses_a_line_fedsim_would_not_write(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, problem: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, named: tuple[str, ...]
 ) -> None:
     """Text for a number, or a round repeated or out of order: report, plot and the API refuse the file
-    in one line naming the line and the field (they drew and tabulated it before); fedsim's own lines read."""
+    in one line naming the line and the field (they drew and tabulated it before); fedsim's own lines read.
+    The wording: tests/test_bad_inputs.py."""
     from fedsim.app.api import Run
     from fedsim.errors import FedsimError
 
@@ -237,10 +235,9 @@ def test_every_reader_of_metrics_refuses_a_line_fedsim_would_not_write(
     capsys.readouterr()
     assert len(Run(run_dir).metrics) == 4
     rewrite_metrics(run_dir, own, line)
-    expected = f"metrics {metrics}, line 4: not readable as the JSON fedsim writes ({problem}"
-    assert one_line(["report", str(tmp_path)], capsys).startswith(expected)
-    assert one_line(["plot", str(run_dir)], capsys).startswith(expected)
-    with pytest.raises(FedsimError, match="line 4: not readable"):
+    for said in (one_line(["report", str(tmp_path)], capsys), one_line(["plot", str(run_dir)], capsys)):
+        assert said.startswith(f"metrics {metrics}, line 4: ") and all(n in said for n in named), said
+    with pytest.raises(FedsimError, match=r"line 4\b"):
         _ = Run(run_dir).metrics
     assert not [p for p in tmp_path.rglob("*") if p.suffix in (".md", ".csv", ".png", ".pdf")]
 
@@ -256,10 +253,9 @@ def test_a_local_continuations_step_beyond_its_steps_is_refused(
     (local / "local.json").write_text(json.dumps(request))
     line = '{"step": %d, "own_class_acc": 0.5, "other_class_acc": 0.1}\n'
     (local / "metrics.jsonl").write_text(line % 0 + line % 50)
-    assert one_line(["plot", str(local), "--out", str(tmp_path / "plots")], capsys) == (
-        f"metrics {local / 'metrics.jsonl'}, line 2: not readable as the JSON fedsim writes "
-        "(step: step 50 is beyond the run's 40 steps (got 50))"
-    )
+    said = one_line(["plot", str(local), "--out", str(tmp_path / "plots")], capsys)
+    assert said.startswith(f"metrics {local / 'metrics.jsonl'}, line 2: ") and "step" in said, said
+    assert "40 steps" in said and "(got 50)" in said  # the bound and the value
 
 
 def test_runs_of_one_config_and_seed_are_refused_not_counted_as_seeds(
@@ -275,13 +271,10 @@ def test_runs_of_one_config_and_seed_are_refused_not_counted_as_seeds(
     assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
     assert [row["seeds"] for row in csv.DictReader(open(tmp_path / "rep" / "results.csv"))] == ["2"]
     copy = finished_run(tmp_path / "runs", "r-copy", simulation={"threads": 3})  # name and threads aside, r again
-    expected = (
-        f"{run_dir} and {copy} are both seed 0 of one config (name, output, simulation, diagnostics, deploy aside): "
-        "runs are averaged over distinct seeds; move one of them out of the directories given"
-    )
-    assert one_line(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep2")], capsys) == expected
+    said = one_line(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep2")], capsys)
+    assert said.startswith(f"{run_dir} and {copy} ") and "seed 0" in said, said  # both directories, the seed
     argv = ["plot", str(tmp_path / "runs"), "--mean-over-seeds", "--out", str(tmp_path / "plots")]
-    assert one_line(argv, capsys) == expected
+    assert one_line(argv, capsys) == said
     assert not (tmp_path / "rep2" / "results.md").exists()
 
 
@@ -334,16 +327,14 @@ def test_report_into_a_directory_it_cannot_write_is_one_line(
         return real_open(path, flags, mode, dir_fd=dir_fd)
 
     monkeypatch.setattr(os, "open", read_only)
-    assert one_line(["report", str(tmp_path)], capsys) == (
-        f"cannot mark {tmp_path} as fedsim's (.fedsim): Permission denied"
-    )  # a folder of runs becomes a directory of fedsim's results: marked first
+    said = one_line(["report", str(tmp_path)], capsys)  # a folder of runs becomes fedsim's results: marked first
+    assert f"{tmp_path} " in said and ".fedsim" in said and said.endswith(": Permission denied"), said
     assert not [p.name for p in tmp_path.iterdir() if p.name != "r"]  # no results, no temp file
     monkeypatch.undo()
     (tmp_path / ".fedsim").write_text("results\n")
     monkeypatch.setattr(os, "open", read_only)
-    assert one_line(["report", str(tmp_path)], capsys) == (
-        f"cannot write {tmp_path / 'results.csv'}: Permission denied; what was written before it is kept"
-    )
+    said = one_line(["report", str(tmp_path)], capsys)
+    assert f"{tmp_path / 'results.csv'}: Permission denied" in said, said  # the file and the system's reason
     assert not [p.name for p in tmp_path.iterdir() if p.name not in ("r", ".fedsim")]
 
 
@@ -352,7 +343,7 @@ def test_a_model_or_checkpoint_that_is_a_fifo_is_refused_unread(tmp_path: Path) 
     from fedsim.errors import FedsimError
     from fedsim.record.reader import read_torch
 
-    with pytest.raises(FedsimError, match=r"model .*fifo.pt: a FIFO \(named pipe\), not a regular file"):
+    with pytest.raises(FedsimError, match=r"model .*fifo\.pt: .*FIFO"):
         read_torch(make_fifo(tmp_path / "fifo.pt"), "model")
     with pytest.raises(FileNotFoundError):  # a missing file stays for its caller to name the run
         read_torch(tmp_path / "missing.pt", "model")
@@ -400,19 +391,19 @@ def test_fedsim_deploy_polls_without_hanging_on_or_trusting_a_file_fedsim_did_no
 
     assert ended(tmp_path) is None  # still running
     error = make_fifo(tmp_path / "error.txt")
-    with pytest.raises(FedsimError, match=r"^the ServerApp's error .*error.txt: a FIFO \(named pipe\), not a regular"):
+    with pytest.raises(FedsimError, match=r"^the ServerApp's error .*error\.txt: .*FIFO"):
         ended(tmp_path)
     error.unlink()
     error.write_text("training diverged at round 3")
     with pytest.raises(FedsimError, match=r"^training diverged at round 3$"):
         ended(tmp_path)
     summary = make_fifo(tmp_path / "summary.json")  # the summary comes first: the run finished
-    with pytest.raises(FedsimError, match=r"^summary .*summary.json: a FIFO \(named pipe\), not a regular file$"):
+    with pytest.raises(FedsimError, match=r"^summary .*summary\.json: .*FIFO"):
         ended(tmp_path)
     summary.unlink()
     with open(summary, "wb") as f:
         f.truncate(50_000_000)
-    with pytest.raises(FedsimError, match=r"summary.json: 50,000,000 bytes; fedsim reads at most 16,777,216 for it$"):
+    with pytest.raises(FedsimError, match=r"summary\.json: .*50,000,000.*16,777,216"):
         ended(tmp_path)
     final = {"rounds": 2, "final_client_mean_acc": 0.5, "best_client_mean_acc": 0.6, "final_global_acc": 0.55,
              "wall_time_s": 3.0, "summary_sha256": "0" * 64}  # fmt: skip
@@ -446,12 +437,10 @@ def test_the_submit_service_polls_without_hanging_on_or_trusting_a_file_fedsim_d
     assert lines[-1] == "round 3/3: train loss 0.5000, client-mean acc -, global acc 0.4000, 6.0 s"
     summary = make_fifo(tmp_path / "summary.json")
     printer.summary()
-    assert lines[-1] == f"summary: summary {summary}: a FIFO (named pipe), not a regular file"
+    assert lines[-1].startswith(f"summary: summary {summary}: ") and "FIFO" in lines[-1]
     summary.unlink()
     summary.write_text('{"rounds": 3}')
     printer.summary()
-    assert lines[-1] == (
-        f"summary: summary {summary}: not readable as the JSON fedsim writes (final_client_mean_acc: Field "
-        "required; 2 more)"
-    )
+    assert lines[-1].startswith(f"summary: summary {summary}: ") and "final_client_mean_acc" in lines[-1]
+    assert "2 more" in lines[-1]
     assert len(lines) == 4

@@ -291,38 +291,38 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path: Path, capsys: pytest.C
         assert main(["run", *argv]) == 2
         return capsys.readouterr().err
 
-    assert "not a run directory (no config.yaml)" in error("--resume", str(tmp_path))
-    assert "needs a config file, or --resume RUN_DIR" in error()
+    # each one line names the directory, file or option; its wording: tests/test_bad_inputs.py
+    assert f"{tmp_path}: " in (err := error("--resume", str(tmp_path))) and "config.yaml" in err
+    assert "--resume RUN_DIR" in error()
 
     raw = small_config(tmp_path, output={"run_dir": str(tmp_path / "done"), "checkpoint_every": 2})
     path = write_config(tmp_path, raw)
     assert main(["run", str(path)]) == 0
     done = tmp_path / "done"
-    assert "takes no config file and no --set" in error(str(path), "--resume", str(done))
-    assert "the run already finished (summary.json exists)" in error("--resume", str(done))
+    assert "--resume RUN_DIR" in (err := error(str(path), "--resume", str(done))) and "--set" in err
+    assert f"{done}: " in (err := error("--resume", str(done))) and "summary.json" in err
 
     (done / "summary.json").unlink()  # as if killed after its last checkpoint
     config = done / "config.yaml"
     original = config.read_text()
     config.write_text(original.replace("lr: 0.05", "lr: 0.1"))
-    assert "config.yaml differs from the checkpoint's config (train.lr: 0.05 -> 0.1)" in error("--resume", str(done))
+    assert "train.lr: 0.05 -> 0.1" in error("--resume", str(done))  # the field, and its two values
     config.write_text(original)
     saved = (done / CHECKPOINT).read_bytes()
     (done / CHECKPOINT).write_bytes(saved[: len(saved) // 2])
-    assert "not a readable fedsim checkpoint" in error("--resume", str(done))
+    assert "checkpoint.pt" in error("--resume", str(done))
     # 256 bytes flipped in the middle: inside a tensor's data, which torch.load reads without complaint
     middle = len(saved) // 2
     (done / CHECKPOINT).write_bytes(saved[:middle] + bytes(b ^ 0xFF for b in saved[middle : middle + 256])
                                     + saved[middle + 256 :])  # fmt: skip
     changed = error("--resume", str(done))
-    assert "checkpoint.pt: not the file the run wrote (its sha256 in checkpoint.pt differs" in changed
+    assert "checkpoint.pt" in changed and "sha256" in changed
     unversioned = torch.load(io.BytesIO(saved), weights_only=True)
     del unversioned["record_version"]  # as an older fedsim wrote it, or anything else
     torch.save(unversioned, done / CHECKPOINT)
-    assert (
-        f"checkpoint.pt: a run record of version 0, older than this fedsim's ({RECORD_VERSION}): upgrade it with "
-        f"`fedsim record upgrade {done}`" in error("--resume", str(done))
-    )
+    older = error("--resume", str(done))
+    assert older.startswith("fedsim: error: ") and "checkpoint.pt" in older and f"({RECORD_VERSION})" in older
+    assert f"`fedsim record upgrade {done}`" in older  # the command to run
     (done / CHECKPOINT).write_bytes(saved)
     before = metrics(done)
     assert main(["run", "--resume", str(done)]) == 0  # its checkpoint is the last round: it only finishes
@@ -331,4 +331,4 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path: Path, capsys: pytest.C
     (done / "summary.json").unlink()
     (done / CHECKPOINT).unlink()
     message = error("--resume", str(done))
-    assert "no checkpoint.pt to resume from" in message and "output.checkpoint_every" in message
+    assert "checkpoint.pt" in message and "output.checkpoint_every" in message

@@ -32,27 +32,26 @@ def test_bad_grid_fails_before_any_run(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 @pytest.mark.parametrize(
-    ("grid", "extra", "argv", "fragment"),
+    ("grid", "extra", "argv", "named"),
     [
-        ({"seed": [0, 0]}, {}, [], "two cells have the same overrides (seed=0): remove the duplicate"),
+        ({"seed": [0, 0]}, {}, [], ("seed=0",)),
         # the overrides differ; only the directory names made of them collide (it said "the same overrides")
-        ({"data.cache_dir": ["a/b", "a_b"]}, {}, [],
-         "cells {data.cache_dir=a/b} and {data.cache_dir=a_b} differ, but their directory names collide "
-         "(cache_dir=a_b: "),
+        ({"data.cache_dir": ["a/b", "a_b"]}, {}, [], ("data.cache_dir=a/b", "data.cache_dir=a_b", "cache_dir=a_b")),
         # each cell went to <sweep>/<cell> whatever these said
-        ({"seed": [0]}, {"set": {"output.run_dir": "x"}}, [], "set sets output.run_dir: each cell's name and "),
-        ({"seed": [0]}, {"set": {"output": {"run_dir": "x"}}}, [], "set sets output.run_dir: "),
-        ({"seed": [0]}, {"cells": [{"name": "mine"}]}, [], "cells sets name: "),
-        ({"seed": [0]}, {}, ["--set", "output.dir=x"], "--set output.dir=x: sets output.dir: each cell's name "),
+        ({"seed": [0]}, {"set": {"output.run_dir": "x"}}, [], ("set ", "output.run_dir")),
+        ({"seed": [0]}, {"set": {"output": {"run_dir": "x"}}}, [], ("set ", "output.run_dir")),
+        ({"seed": [0]}, {"cells": [{"name": "mine"}]}, [], ("cells ", "name")),
+        ({"seed": [0]}, {}, ["--set", "output.dir=x"], ("--set output.dir=x", "output.dir")),
     ],
 )  # fmt: skip
 def test_cells_that_would_share_or_ignore_a_directory_are_refused(  # type: ignore[no-untyped-def]
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], grid, extra, argv, fragment
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], grid, extra, argv, named
 ) -> None:
+    """The cells, keys and values each names; the wording: tests/test_bad_inputs.py."""
     path = make_sweep(tmp_path, grid, **extra)
     assert main(["sweep", str(path), *argv]) == 2
     err = capsys.readouterr().err
-    assert fragment in err and len(err.strip().splitlines()) == 1, err
+    assert all(n in err for n in named) and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "sweeps").exists()
 
 
@@ -61,31 +60,33 @@ def test_invalid_cells_are_refused_together_before_any_run(tmp_path: Path, capsy
     path = make_sweep(tmp_path, {}, cells=cells)
     assert main(["sweep", str(path)]) == 2
     line = one_line(capsys.readouterr().err)
-    assert line.startswith("fedsim: error: 2 of 4 sweep cells are invalid, so none was run: cell norm=nope: ")
-    assert "unknown norms 'nope'" in line and "; cell lr=-1: train.lr" in line
+    assert "2 of 4" in line and "norm=nope" in line and "'nope'" in line, line  # the count, each cell and field
+    assert "lr=-1" in line and "train.lr" in line, line
     assert not (tmp_path / "sweeps").exists()
 
 
 @pytest.mark.parametrize(
-    ("grid", "extra", "fragment"),
+    ("grid", "extra", "named"),
     [
         # a section beside a key inside it: the section's mapping would replace the other's value, and the cell
         # named lr=0.1 would train at 0.2 (and the set values be dropped)
-        ({"train.lr": [0.1], "train": [{"lr": 0.2}]}, {}, "train and train.lr set by grid"),
-        ({}, {"cells": [{"train.lr": 0.1}, {"train": {"lr": 0.1}}]}, "train and train.lr set by cells"),
-        ({"train.rounds": [1, 2]}, {"set": {"train.rounds": 1}}, "train.rounds set by both set and grid"),
+        ({"train.lr": [0.1], "train": [{"lr": 0.2}]}, {}, ("train ", "train.lr", "grid")),
+        ({}, {"cells": [{"train.lr": 0.1}, {"train": {"lr": 0.1}}]}, ("train ", "train.lr", "cells")),
+        ({"train.rounds": [1, 2]}, {"set": {"train.rounds": 1}}, ("train.rounds", "set", "grid")),
         (
             {},
             {"set": {"train.rounds": 1}, "cells": [{"train": {"lr": 0.2}}]},
-            "train and train.rounds set by both cells and set",
+            ("train ", "train.rounds", "cells", "set"),
         ),
     ],
 )
 def test_a_value_set_in_two_places_is_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], grid: dict, extra: dict, fragment: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], grid: dict, extra: dict, named: tuple[str, ...]
 ) -> None:
+    """The keys and the places that set them; the wording: tests/test_bad_inputs.py."""
     assert main(["sweep", str(make_sweep(tmp_path, grid, **extra))]) == 2
-    assert fragment in one_line(capsys.readouterr().err)
+    line = one_line(capsys.readouterr().err)
+    assert all(n in line for n in named), line
     assert not (tmp_path / "sweeps").exists()
 
 
@@ -97,7 +98,7 @@ def test_a_sweep_name_is_never_a_path(tmp_path: Path, capsys: pytest.CaptureFixt
     path = make_sweep(tmp_path, {"seed": [0]}, name=name.replace("<absolute>", str(elsewhere)))
     assert main(["sweep", str(path)]) == 2
     line = one_line(capsys.readouterr().err)
-    assert line.startswith(f"fedsim: error: sweep file {path}: name = ") and "is a directory name under output" in line
+    assert line.startswith(f"fedsim: error: sweep file {path}: name = ")  # the file, the key, its value
     assert not (tmp_path / "sweeps").exists() and not (tmp_path.parent / "escape").exists()
     assert not elsewhere.exists()
 
@@ -110,9 +111,7 @@ def test_a_sweep_based_on_itself_is_one_line(tmp_path: Path, capsys: pytest.Capt
     path.parent.mkdir()
     path.write_text(yaml.safe_dump({"base": base, "output": str(tmp_path / "out"), "grid": {"seed": [0, 1]}}))
     assert main(["sweep", str(path)]) == 2
-    assert one_line(capsys.readouterr().err) == (
-        f"fedsim: error: sweep file {path}: base: {base} is this sweep file; give the run config its cells start from"
-    )
+    assert one_line(capsys.readouterr().err).startswith(f"fedsim: error: sweep file {path}: base: {base} ")
     assert not (tmp_path / "out").exists()
 
 
@@ -132,20 +131,18 @@ def test_the_number_of_cells_is_bounded_before_they_are_built(
     # 3 x 1,001 cells, every one invalid: refused for its size at once, before any is built and validated
     path = make_sweep(tmp_path, {"seed": list(range(1001)), "model.norm": ["no1", "no2", "no3"]})
     assert main(["sweep", str(path)]) == 2
-    assert one_line(capsys.readouterr().err) == (
-        f"fedsim: error: sweep file {path}: 3,003 cells (cells x axes x grid), more than max_cells = 1,000; each is "
-        "validated before the first run: shrink the grid, or set max_cells: 3003 in the file"
-    )
+    line = one_line(capsys.readouterr().err)  # the count, the bound, the setting that lets them through
+    assert line.startswith(f"fedsim: error: sweep file {path}: 3,003 cells ") and "max_cells = 1,000" in line
+    assert "max_cells: 3003" in line
     path = make_sweep(tmp_path, {"seed": [0, 1, 2]}, cells=[{"model.norm": "ln"}, {"model.norm": "none"}], max_cells=6)
     assert len(plan(path)[1]) == 6  # raised on purpose, it lets them through
     # 10^20 cells: refused at once from the lists' lengths, and never advised past the limit max_cells has
     path = make_sweep(tmp_path, {f"x{i}": list(range(10)) for i in range(20)}, max_cells=10_000)
     assert main(["sweep", str(path)]) == 2
-    assert one_line(capsys.readouterr().err) == (
-        f"fedsim: error: sweep file {path}: 100,000,000,000,000,000,000 cells (cells x axes x grid), more than "
-        "max_cells = 10,000; each is validated before the first run: shrink the grid, or split it into several sweep "
-        "files (max_cells is at most 10,000)"
-    )
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith(f"fedsim: error: sweep file {path}: 100,000,000,000,000,000,000 cells ")
+    assert "max_cells = 10,000" in line
+    assert "max_cells: " not in line  # never advised past the limit max_cells has
 
 
 def test_max_cells_is_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -153,7 +150,7 @@ def test_max_cells_is_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     path = make_sweep(tmp_path, {"seed": [0, 1]}, max_cells=10_000_000)
     assert main(["sweep", str(path)]) == 2
     err = one_line(capsys.readouterr().err)
-    assert "max_cells" in err and "less than or equal to 10000" in err, err
+    assert "max_cells" in err and "10000" in err, err  # the key and its bound; the wording: the corpus
 
 
 @pytest.mark.parametrize(
@@ -178,7 +175,7 @@ def test_unreadable_data_is_refused_before_any_run(tmp_path: Path, capsys: pytes
     path = make_sweep(tmp_path, {"seed": [0, 1]}, set={"data.root": str(bad)})
     assert main(["sweep", str(path)]) == 2  # read once for the sweep, not failing every cell in turn
     line = one_line(capsys.readouterr().err)
-    assert line.startswith(f"fedsim: error: npz dataset {bad}: ") and line.endswith(" (every cell of the sweep)")
+    assert line.startswith(f"fedsim: error: npz dataset {bad}: ") and "every cell" in line  # once, for every cell
     path = make_sweep(tmp_path, {}, cells=[{"data.root": str(bad)}, {"data.root": str(MNIST_SMALL)}])
     assert main(["sweep", str(path)]) == 2
     bad_cell = cell_name({"data.root": str(bad)})
@@ -196,16 +193,9 @@ def test_a_finished_cell_without_a_readable_config_is_refused_before_any_run(
     out = run_sweep(path, log=lambda _: None)
     shutil.rmtree(out / "seed=0")  # a cell still to run: it must not start
     config = out / "seed=1" / "config.yaml"
-    for why, damage in (
-        ("the run's config.yaml not found: ", config.unlink),
-        (f"{config}: not valid YAML (", lambda: config.write_text("train: {rounds: 2")),
-        ("its top level is not a mapping of sections", lambda: config.write_text("- train\n")),
-    ):
+    for damage in (config.unlink, lambda: config.write_text("train: {rounds: 2"), lambda: config.write_text("- t\n")):
         damage()
         assert main(["sweep", str(path)]) == 2
-        line = one_line(capsys.readouterr().err)
-        assert line.startswith(
-            f"fedsim: error: sweep cell seed=1: {out / 'seed=1'} holds a finished run (summary.json) without a "
-            f"readable config.yaml ({why}"
-        ) and line.endswith("damaged run directory; restore its config.yaml, or delete that directory to redo the cell")
+        line = one_line(capsys.readouterr().err)  # the cell, its directory, the file; the wording: the corpus
+        assert line.startswith(f"fedsim: error: sweep cell seed=1: {out / 'seed=1'} ") and "config.yaml" in line
         assert not (out / "seed=0").exists()

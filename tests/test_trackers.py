@@ -62,15 +62,13 @@ def test_a_failing_tracker_is_reported_once_and_the_run_keeps_its_results(
 def test_unknown_tracker_bad_option_and_missing_extra_fail_before_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with pytest.raises(fedsim.FedsimError, match=r"output.trackers\[0\].name: unknown trackers 'mlfow'; valid: "):
+    with pytest.raises(fedsim.FedsimError, match=r"output.trackers\[0\].name: .*'mlfow'"):
         tracked_run(tmp_path, "mlfow")
-    with pytest.raises(fedsim.FedsimError, match=r"output.trackers\[0\].mode = 'sometimes'"):
+    with pytest.raises(fedsim.FedsimError, match=r"output.trackers\[0\].mode\b.*'sometimes'"):
         tracked_run(tmp_path, {"name": "wandb", "mode": "sometimes"})
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else find_spec(name, *a))
-    with pytest.raises(
-        fedsim.FedsimError, match=r"needs mlflow, which is not installed: pip install 'fedsim\[mlflow\]'"
-    ):
+    with pytest.raises(fedsim.FedsimError, match=r"pip install 'fedsim\[mlflow\]'"):  # the command to run
         tracked_run(tmp_path, "mlflow")
     assert not (tmp_path / "run").exists()
 
@@ -84,7 +82,7 @@ def test_unknown_tracker_bad_option_and_missing_extra_fail_before_the_run(
 def test_a_tracker_given_twice_is_refused_before_the_run(tmp_path: Path, twice: list[Any]) -> None:
     """Every tracker writes where the run directory says (tb/, the MLflow run id, the W&B run): twice, every
     number would be logged twice."""
-    with pytest.raises(ConfigError, match=r"^output.trackers\[1\]: .* is output.trackers\[0\] again"):
+    with pytest.raises(ConfigError, match=r"^output.trackers\[1\]: .*output.trackers\[0\]"):
         tracked_run(tmp_path, *twice)
     assert not (tmp_path / "run").exists()
 
