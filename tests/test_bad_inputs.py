@@ -262,7 +262,6 @@ CASES: dict[str, Case] = {
         "data.cache_dir={tmp}/cache",
         expect=("the class name 'a\\tb' (a folder's name", "holds the control character"),
         setup="control_class_tree",
-        creates=True,  # the decoded images' cache is written before the class names are checked
     ),  # fmt: skip
     "imagefolder-mixed-sizes": run(
         "data.dataset=imagefolder",

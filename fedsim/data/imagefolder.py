@@ -58,12 +58,10 @@ def load_imagefolder(root: Path, cache_dir: Path) -> ArrayDataset:
 def load_cached(root: Path, cache_dir: Path, prefix: str, decode: Callable[[Path], Arrays], name: str) -> ArrayDataset:
     """``decode(root)``'s arrays as an ArrayDataset, read from ``cache_dir`` when the source is unchanged."""
     cache = cache_dir / f"{prefix}-{_source_key(root)}.npz"
-    arrays = _read_cache(cache)
-    if arrays is None:
-        arrays = decode(root)
-        _write_cache(cache, arrays)
+    cached = _read_cache(cache)
+    arrays = decode(root) if cached is None else cached
     domains = arrays.get("domains")
-    return ArrayDataset(
+    dataset = ArrayDataset(
         x_train=torch.from_numpy(arrays["x_train"]),
         y_train=torch.from_numpy(arrays["y_train"]),
         x_test=torch.from_numpy(arrays["x_test"]),
@@ -74,6 +72,9 @@ def load_cached(root: Path, cache_dir: Path, prefix: str, decode: Callable[[Path
         d_train=None if domains is None else torch.from_numpy(arrays["d_train"]),
         d_test=None if domains is None else torch.from_numpy(arrays["d_test"]),
     )
+    if cached is None:  # written once the dataset passed its checks: bad data leaves no cache behind
+        _write_cache(cache, arrays)
+    return dataset
 
 
 # x_train, y_train, x_test, y_test, classes; and domains, d_train, d_test for a dataset of domains
