@@ -29,10 +29,10 @@ def stage(state: RecordDict) -> RecordDict:
     return copy.deepcopy(state)
 
 
-def commit(state: RecordDict, staged: RecordDict) -> None:
-    """``staged`` becomes the node's state."""
+def replace_state(state: RecordDict, new: RecordDict) -> None:
+    """``new`` becomes the node's whole state."""
     state.clear()
-    state.update(staged)
+    state.update(new)
 
 
 def hold(state: RecordDict, staged: RecordDict, server_round: int) -> None:
@@ -55,7 +55,7 @@ def settle(state: RecordDict, msg: Message) -> None:
     )
     drop_held(state)
     if accepted == held:
-        commit(state, staged)
+        replace_state(state, staged)
 
 
 def drop_held(state: RecordDict) -> None:

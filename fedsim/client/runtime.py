@@ -18,7 +18,7 @@ import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from fedsim import wire
-from fedsim.client.pending import commit, hold, settle, stage
+from fedsim.client.pending import hold, replace_state, settle, stage
 from fedsim.client.sgd import LocalSgd
 from fedsim.client.training import ClientRound, TrainResult, train_local
 from fedsim.config import RunConfig
@@ -139,7 +139,7 @@ class ClientRuntime:
         if self.cfg.train.on_client_failure == "skip":
             hold(context.state, staged, work.info.server_round)
         else:
-            commit(context.state, staged)
+            replace_state(context.state, staged)
         return Message(reply, reply_to=msg)
 
     def evaluate(self, msg: Message, context: Context) -> Message:

@@ -21,7 +21,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.common.serde import ProtoRecordDict, recorddict_from_proto, recorddict_to_proto
 
 from fedsim import wire
-from fedsim.client.pending import settle
+from fedsim.client.pending import replace_state, settle
 from fedsim.errors import FedsimError
 from fedsim.files import remove, write_file
 from fedsim.reading import GIB, read_bytes
@@ -104,8 +104,7 @@ def state_query(msg: Message, context: Context) -> ConfigRecord:
         sha256 = save_client_state(context.state, directory, server_round, int(config[wire.STATE_KEEP]), root)
         return ConfigRecord({wire.STATE_SHA256: sha256})
     loaded = load_client_state(directory, server_round)
-    context.state.clear()
-    context.state.update(loaded.state)
+    replace_state(context.state, loaded.state)
     return ConfigRecord(
         {wire.STATE_ROUND: loaded.round, wire.STATE_SHA256: loaded.sha256, wire.STATE_DIR: str(directory)}
     )
