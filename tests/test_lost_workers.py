@@ -101,7 +101,9 @@ def test_fail_stops_in_one_line_keeps_the_checkpoint_and_resume_finishes_the_run
     raw = lost_config(tmp_path, engine, "DyingScaffold")
     code, err = finished(fedsim("run", str(write_config(tmp_path, raw)), worker_end="3:1:exit"))
     assert code == 2, err[-3000:]
-    (line,) = err.splitlines()  # one line, no traceback, nothing of Ray's or Flower's on stderr
+    lines = err.splitlines()
+    assert len(lines) == 1, err[-3000:]  # one line, no traceback, nothing of Ray's or Flower's on stderr
+    (line,) = lines
     assert re.fullmatch(
         r"fedsim: error: round 3, training: clients? [0-9, ]*\b1\b[0-9, ]*: their Ray worker died during the round "
         r"\(Actor\w*Error: [^)]+\) \(train\.on_client_failure: skip goes on without them\); the last good "
