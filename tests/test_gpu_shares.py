@@ -61,6 +61,7 @@ def test_quarter_gpus_place_four_workers_on_each_declared_gpu(gpu_head: Head, tm
 
 
 @pytest.mark.slow
+@pytest.mark.long  # a second of its own, but beside the test above in the queue: one worker starts the head once
 def test_gpu_shares_no_node_holds_are_refused_before_round_one(gpu_head: Head, tmp_path: Path) -> None:
     cfg = parse_config(small_config(tmp_path, **on_gpu_shares(gpu_head.address, 3)))
 
