@@ -23,7 +23,7 @@ import yaml
 
 from fedsim.engines.runner import OFFLINE_ENV
 from fedsim.record.reader import read_workers
-from tests.conftest import REPO, small_config
+from tests.conftest import REPO, ip_command, small_config
 from tests.test_engines import metrics_of
 from tests.test_lost_workers import metrics
 from tests.test_ray_cluster import RAY_CLI, stop_node
@@ -39,12 +39,6 @@ class Cluster:
     ips: tuple[str, str]  # the head's address, the worker node's
 
 
-def ip(*args: str) -> None:
-    res = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise PermissionError(f"ip {' '.join(args)}: {res.stderr.strip()}")
-
-
 @contextlib.contextmanager
 def linked_namespaces() -> Iterator[tuple[list[str], list[str]]]:
     """Two network namespaces joined by a veth pair: ([namespace, address] of each)."""
@@ -54,7 +48,7 @@ def linked_namespaces() -> Iterator[tuple[list[str], list[str]]]:
     made = []
     try:
         for ns, _ in ends:
-            ip("netns", "add", ns)
+            ip_command("netns", "add", ns)
             made.append(ns)
     except (PermissionError, FileNotFoundError) as err:
         for ns in made:
@@ -62,12 +56,12 @@ def linked_namespaces() -> Iterator[tuple[list[str], list[str]]]:
         pytest.skip(f"this machine forbids network namespaces ({err}): the two-node test needs them")
     try:
         (a, _), (b, _) = ends
-        ip("link", "add", f"{a}v", "type", "veth", "peer", "name", f"{b}v")
+        ip_command("link", "add", f"{a}v", "type", "veth", "peer", "name", f"{b}v")
         for ns, address in ends:
-            ip("link", "set", f"{ns}v", "netns", ns)
-            ip("netns", "exec", ns, "ip", "addr", "add", f"{address}/24", "dev", f"{ns}v")
-            ip("netns", "exec", ns, "ip", "link", "set", f"{ns}v", "up")
-            ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+            ip_command("link", "set", f"{ns}v", "netns", ns)
+            ip_command("netns", "exec", ns, "ip", "addr", "add", f"{address}/24", "dev", f"{ns}v")
+            ip_command("netns", "exec", ns, "ip", "link", "set", f"{ns}v", "up")
+            ip_command("netns", "exec", ns, "ip", "link", "set", "lo", "up")
         yield ends[0], ends[1]
     finally:
         for ns in made:  # the veth pair goes with its ends
@@ -135,8 +129,7 @@ def test_a_run_places_its_workers_on_both_nodes_and_gives_the_inline_metrics(
         tmp_path,
         name="nodes",
         output={"run_dir": str(tmp_path / "nodes"), "progress": False},
-        simulation={"backend": "ray", "ray_address": two_nodes.address, "threads": 1,
-                    "client_resources": {"num_cpus": 1}},  # fmt: skip
+        simulation={"backend": "ray", "ray_address": two_nodes.address, "client_resources": {"num_cpus": 1}},
     )
     config = tmp_path / "nodes.yaml"
     config.write_text(yaml.safe_dump(raw))
