@@ -3,8 +3,9 @@ line, ``fedsim: error: ...``, naming the key, file or argument and what is allow
 where the input can be checked before a run starts, nothing created.
 
 One row per case (adding a case is one line). ``{cfg}`` is a valid small config written for the case
-(``CONFIG`` rows change it first), ``{tmp}`` the case's own directory; ``setup`` names a function below
-that makes the files a case needs (bad data, plugins, run directories).
+(``CONFIG`` rows change it first), ``{tmp}`` the case's own directory (in the arguments and the expected
+fragments alike); ``setup`` names a function below that makes the files a case needs (bad data, plugins, run
+directories).
 """
 
 from __future__ import annotations
@@ -407,6 +408,43 @@ CASES: dict[str, Case] = {
     "plugin-server-raises": run(
         "strategy.name=bad_plugins:ServerRaises", expect=("building its server half", "RuntimeError"), setup="plugins"
     ),
+    # --- found in a round: the run stops, naming the round and the client
+    "client-fails-under-fail": run(
+        "strategy={name: 'tests.plugins.flaky_client:Flaky', fail_partition: 1, fail_from: 1}",
+        "train.on_client_failure=fail",
+        expect=("round 1, training: client 1: RuntimeError: injected failure of partition 1 in round 1 (at "
+                "flaky_client.py:", "(train.on_client_failure: skip goes on without them)"),
+        creates=True,
+    ),  # fmt: skip
+    "no-client-left-under-skip": run(
+        "strategy={name: 'tests.plugins.flaky_client:Flaky', fail_partition: 0, fail_from: 1}",
+        "train.on_client_failure=skip",
+        "train.num_clients=1",
+        "partition={name: iid}",
+        expect=("round 1, training: no client sent a usable reply",),
+        creates=True,
+    ),  # fmt: skip
+    "loss-above-max-loss": run(
+        "train.max_loss=0.01",
+        "train.rounds=1",
+        expect=("training diverged in round 1: client 0: training loss ",
+                " is above train.max_loss = 0.01; client 1: "),
+        creates=True,
+    ),  # fmt: skip
+    "diverged-weights": run(
+        "strategy={name: 'tests.plugins.diverging:Diverging', round: 1, client: 2, where: weights}",
+        "train.rounds=1",
+        expect=("training diverged in round 1: client 2: non-finite weights in classifier.weight",),
+        creates=True,
+    ),  # fmt: skip
+    "diverged-after-a-checkpoint": run(
+        "strategy={name: 'tests.plugins.diverging:Diverging', round: 3, client: 1}",
+        "output.run_dir={tmp}/rd",
+        "output.checkpoint_every=2",
+        expect=("training diverged in round 3: client 1: training loss is inf; the last good checkpoint (round 2) is "
+                "in {tmp}/rd; the metrics so far are in {tmp}/rd",),
+        creates=True,
+    ),  # fmt: skip
     # --- --set itself
     "set-without-value": run("train.rounds", expect=("key.path=value",)),
     "set-without-key": run("=5", expect=("key.path=value",)),
@@ -1427,7 +1465,7 @@ def test_bad_input_gets_one_clear_line(
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fedsim: error: "), err
     assert "Traceback" not in err
-    for fragment in case.expect:
+    for fragment in (f.replace("{tmp}", str(tmp_path)) for f in case.expect):
         assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
     if not case.creates:  # checked before anything ran: nothing new on disk but Python's own caches
         made = {p for p in tmp_path.rglob("*") if "__pycache__" not in p.parts} - before
