@@ -775,6 +775,55 @@ CASES: dict[str, Case] = {
         ("rd/metrics.jsonl: 0 bytes where the run wrote", "in summary.json's files", "move it out"),
         setup="metrics_missing",
     ),
+    # a finished run's files that disagree with each other or with the record (tests/test_run_record.py)
+    "report-metrics-round-not-evaluated": Case(
+        ("report", "{tmp}"),
+        ("rd/metrics.jsonl, line 1: not readable as the JSON fedsim writes (round: round 1 is not one the run "
+         "evaluated (eval.every: 2, and its last, 3) (got 1))",),
+        setup="metrics_round_not_evaluated",
+    ),  # fmt: skip
+    "report-summary-forged": Case(
+        ("report", "{tmp}"),
+        ("rd: summary.json's final_client_mean_acc is 0.99, its metrics.jsonl's ",),
+        setup="summary_forged",
+    ),
+    "report-summary-edited": Case(
+        ("report", "{tmp}"),
+        ("rd: summary.json is not the summary the run wrote (summary_sha256 differs: a field edited after the run)",),
+        setup="summary_edited",
+    ),
+    "report-summary-rounds": Case(
+        ("report", "{tmp}"),
+        ("rd: summary.json says the run finished 1 rounds, its config.yaml's train.rounds is 2",),
+        setup="summary_rounds",
+    ),
+    "report-config-missing": Case(
+        ("report", "{tmp}"),
+        ("rd: a run directory (partition.csv, metrics.jsonl, summary.json, progress.json) without its config.yaml",),
+        setup="config_missing",
+    ),
+    "report-partition-edited": Case(
+        ("report", "{tmp}"),
+        ("rd/partition.csv: not the file the run wrote (its sha256 in summary.json's files differs",),
+        setup="partition_edited",
+    ),
+    # seeds of one config whose data.root held other data: averaged as one row before
+    "report-seeds-of-other-data": Case(
+        ("report", "{tmp}/runs", "--out", "{tmp}/rep"),
+        ("{tmp}/runs/s0 and {tmp}/runs/s1 are seeds of one config trained on other data (data_sha256 ",),
+        setup="seeds_of_other_data",
+    ),
+    # a stopped run (no summary.json) is held to progress.json, and without it to its checkpoint
+    "plot-stopped-run-config-edited": Case(
+        ("plot", "{tmp}/rd", "--out", "{tmp}/out"),
+        ("rd/config.yaml: ", " bytes where the run wrote ", " (its size in progress.json's files"),
+        setup="stopped_run_config_edited",
+    ),
+    "plot-stopped-run-lines-edited": Case(
+        ("plot", "{tmp}/rd", "--out", "{tmp}/out"),
+        ("metrics.jsonl does not begin with the 2 lines its checkpoint.pt holds (edited or lost after the run",),
+        setup="stopped_run_lines_edited",
+    ),
     "report-target-nan": Case(("report", "{tmp}", "--target", "nan"), ("--target nan", "(0, 1]")),
     "report-target-above-one": Case(("report", "{tmp}", "--target", "2"), ("--target 2.0",)),
     "report-target-text": Case(("report", "{tmp}", "--target", "high"), ("--target", "invalid float")),
@@ -1158,10 +1207,11 @@ def _broken_config(tmp: Path) -> None:
     _write(tmp, "broken.yaml", "train: {rounds: 2\n")
 
 
-def _run_dir(tmp: Path) -> Path:
+def _run_dir(tmp: Path, rounds: int = 2, every: int = 1, **output: Any) -> Path:
     """A run directory as a short run leaves it: config, partition table, metrics, summary."""
     run_dir = tmp / "rd"
-    cfg = small_config(tmp, train={"rounds": 2}, eval={"every": 1}, output={"run_dir": str(run_dir)})
+    output = {"run_dir": str(run_dir), **output}
+    cfg = small_config(tmp, train={"rounds": rounds}, eval={"every": every}, output=output)
     assert main(["run", str(write_config(tmp, cfg, "rd.yaml"))]) == 0
     return run_dir
 
@@ -1306,6 +1356,73 @@ def _metrics_round_beyond(tmp: Path) -> None:
 
 def _metrics_key_twice(tmp: Path) -> None:
     _last_metrics_line(tmp, '{"round": 2, "round": 1}')  # the last won
+
+
+def _metrics_round_not_evaluated(tmp: Path) -> None:
+    path = _run_dir(tmp, rounds=3, every=2) / "metrics.jsonl"  # lines of rounds 2 and 3
+    first, last = path.read_text().splitlines()
+    path.write_text(json.dumps({**json.loads(first), "round": 1}) + "\n" + last + "\n")
+
+
+def _summary_forged(tmp: Path) -> None:
+    """A summary edited, its own checksum made again to match: held to the metrics lines."""
+    from fedsim.record.manifest import summary_checksum
+
+    path = _run_dir(tmp) / "summary.json"
+    summary = {**json.loads(path.read_text()), "final_client_mean_acc": 0.99}
+    path.write_text(json.dumps({**summary, "summary_sha256": summary_checksum(summary)}))
+
+
+def _summary_edited(tmp: Path) -> None:
+    path = _run_dir(tmp) / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "final_client_mean_acc": 0.99}))
+
+
+def _summary_rounds(tmp: Path) -> None:
+    path = _run_dir(tmp) / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "rounds": 1}))
+
+
+def _config_missing(tmp: Path) -> None:
+    (_run_dir(tmp) / "config.yaml").unlink()
+
+
+def _partition_edited(tmp: Path) -> None:
+    """A count of partition.csv changed, its size kept."""
+    path = _run_dir(tmp) / "partition.csv"
+    rows = [line.split(",") for line in path.read_text().splitlines()]
+    rows[1][2] = rows[1][2][:-1] + str((int(rows[1][2][-1]) + 1) % 10)
+    path.write_text("".join(",".join(row) + "\n" for row in rows))
+
+
+def _seeds_of_other_data(tmp: Path) -> None:
+    from tests.conftest import MNIST_SMALL
+
+    arrays = dict(np.load(MNIST_SMALL))
+    for seed in (0, 1):
+        if seed == 1:  # the same path, other data: the training labels rotated
+            arrays["y_train"] = (arrays["y_train"] + 1) % 10
+        np.savez(tmp / "mnist.npz", **arrays)
+        output = {"run_dir": str(tmp / "runs" / f"s{seed}")}
+        cfg = small_config(tmp, seed=seed, train={"rounds": 1}, data={"root": str(tmp / "mnist.npz")}, output=output)
+        assert main(["run", str(write_config(tmp, cfg, f"s{seed}.yaml"))]) == 0
+
+
+def _stopped_run_config_edited(tmp: Path) -> None:
+    _killed_run(tmp)
+    config = tmp / "rd" / "config.yaml"
+    assert "lr: 0.05" in config.read_text()
+    config.write_text(config.read_text().replace("lr: 0.05", "lr: 0.5"))
+
+
+def _stopped_run_lines_edited(tmp: Path) -> None:
+    """A run stopped after its last checkpoint and before its progress.json, a line the checkpoint holds edited."""
+    run_dir = _run_dir(tmp, checkpoint_every=2)
+    (run_dir / "summary.json").unlink()
+    (run_dir / "progress.json").unlink()
+    first, last = (run_dir / "metrics.jsonl").read_text().splitlines()
+    edited = json.dumps({**json.loads(first), "client_mean_acc": 0.99})
+    (run_dir / "metrics.jsonl").write_text(edited + "\n" + last + "\n")
 
 
 def _run_copied(tmp: Path) -> None:
