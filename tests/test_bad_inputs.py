@@ -575,6 +575,23 @@ CASES: dict[str, Case] = {
         ("checkpoint.pt: a run record of version 0, older than", "upgrade it with `fedsim record upgrade"),
         setup="resumable_run_checkpoint_unversioned",
     ),
+    # a stopped SCAFFOLD run's client_state/ (tests/test_resume_client_state.py): partition 0's files deleted,
+    # partition 1's of the checkpoint's round (round 2's left), partition 2's replaced by partition 3's
+    "resume-client-state-damaged": Case(
+        ("run", "--resume", "{tmp}/rd"),
+        ("{tmp}/rd: cannot resume: its clients' state is not the state checkpoint.pt recorded at round 4: "
+         "partition 0: {tmp}/rd/client_state/partition-0/round-4.bin is missing; ",
+         "partition 1: {tmp}/rd/client_state/partition-1/round-4.bin is missing (round-2.bin there is another "
+         "round's); ",
+         "partition 2: {tmp}/rd/client_state/partition-2/round-4.bin is not the file this run wrote (another run's, "
+         "or changed since it was written)"),
+        setup="client_state_damaged",
+    ),  # fmt: skip
+    "record-upgrade-checkpoint-without-client-state": Case(
+        ("record", "upgrade", "{tmp}/rd"),
+        ("{tmp}/rd/checkpoint.pt: written by a fedsim before it recorded client_state",),
+        setup="client_state_unrecorded",
+    ),
     "resume-config-not-yaml": Case(
         ("run", "--resume", "{tmp}/rd"), ("config.yaml", "not valid YAML"), setup="broken_run_config"
     ),
@@ -1289,6 +1306,31 @@ def _resumable_run_checkpoint_unversioned(tmp: Path) -> None:
     unversioned = torch.load(path, weights_only=True)
     del unversioned["record_version"]  # as an older fedsim wrote it
     torch.save(unversioned, path)
+
+
+def _stopped_scaffold_run(tmp: Path) -> Path:
+    """A SCAFFOLD run stopped in round 5 (a client failed) after its checkpoints of rounds 2 and 4: its clients'
+    state files of both rounds are there."""
+    run_dir = tmp / "rd"
+    strategy = {"name": "tests.plugins.flaky_scaffold:FlakyScaffold", "fail_round": 5, "when": "before"}
+    train = {"rounds": 6, "on_client_failure": "fail"}
+    cfg = small_config(tmp, strategy=strategy, train=train, output={"run_dir": str(run_dir), "checkpoint_every": 2})
+    assert main(["run", str(write_config(tmp, cfg, "rd.yaml"))]) == 2
+    return run_dir
+
+
+def _client_state_damaged(tmp: Path) -> None:
+    states = _stopped_scaffold_run(tmp) / "client_state"
+    shutil.rmtree(states / "partition-0")
+    (states / "partition-1" / "round-4.bin").unlink()
+    shutil.copy(states / "partition-3" / "round-4.bin", states / "partition-2" / "round-4.bin")  # another's state
+
+
+def _client_state_unrecorded(tmp: Path) -> None:
+    from fedsim.record.checkpoint import CLIENT_STATE_RECORD
+    from tests.test_resume_client_state import as_version_1
+
+    as_version_1(_stopped_scaffold_run(tmp), CLIENT_STATE_RECORD)
 
 
 def _another_layout_run(tmp: Path) -> None:
