@@ -58,7 +58,30 @@ CASES: dict[str, Case] = {
     "engine-unknown": run("engine=warp", expect=("engine", "'local' or 'flower'")),
     "section-unknown": run("trian.rounds=3", expect=("trian", "unknown key")),
     "section-not-a-mapping": run("train=5", expect=("train", "valid dictionary")),
-    "top-level-key-unknown": run("foo=1", expect=("foo", "unknown key")),
+    "top-level-key-unknown": run(
+        "foo=1",
+        expect=("foo: unknown key (got 1); valid keys: name, seed, engine, data, partition, model, strategy, train, "
+                "eval, simulation, output, diagnostics, deploy",),
+    ),  # fmt: skip
+    # every problem at once, numbered (a problem may hold a semicolon of its own), on one line
+    "several-errors": run(
+        "train.rounds=0",
+        "train.lr=-1",
+        "train.bogus=3",
+        "eval.every=-3",
+        expect=("4 errors: (1) train.rounds: Input should be greater than or equal to 1 (got 0); (2) train.lr: Input "
+                "should be greater than 0 (got -1); (3) train.bogus: unknown key (got 3); valid keys: rounds, "
+                "num_clients, clients_per_round, local_steps", "; (4) eval.every: Input should be greater than or "
+                "equal to 1 (got -3)"),
+    ),  # fmt: skip
+    "several-plugin-options": run(
+        "strategy={name: fedyogi, eta: -1, beta_1: 3}",
+        "strategy.v0=x",
+        expect=("3 errors: (1) strategy.eta = -1 for strategy 'fedyogi': Input should be greater than 0",
+                "; (2) strategy.beta_1 = 3 for strategy 'fedyogi': Input should be less than 1",
+                "; (3) strategy.v0 = 'x' for strategy 'fedyogi': Input should be 'tau^2' or a finite number greater "
+                "than"),
+    ),  # fmt: skip
     # --- train
     "rounds-zero": run("train.rounds=0", expect=("train.rounds", "greater than or equal to 1")),
     "rounds-negative": run("train.rounds=-1", expect=("train.rounds",)),
@@ -95,7 +118,9 @@ CASES: dict[str, Case] = {
     "eval-every-zero": run("eval.every=0", expect=("eval.every",)),
     "eval-batch-zero": run("eval.batch_size=0", expect=("eval.batch_size",)),
     "eval-global-not-bool": run("eval.global_test=maybe", expect=("eval.global_test", "valid boolean")),
-    "eval-key-unknown": run("eval.extra=1", expect=("eval.extra", "unknown key")),
+    "eval-key-unknown": run(
+        "eval.extra=1", expect=("eval.extra: unknown key (got 1); valid keys: every, batch_size, global_test",)
+    ),
     # --- simulation
     "backend-unknown": run("simulation.backend=gpu", expect=("simulation.backend", "'auto', 'inline' or 'ray'")),
     "threads-zero": run("simulation.threads=0", expect=("simulation.threads", "auto or a whole number")),
@@ -115,6 +140,10 @@ CASES: dict[str, Case] = {
         "simulation.ray_address=127.0.0.1:1",
         expect=("simulation.ray_address = '127.0.0.1:1': no Ray cluster answers",),
     ),  # fmt: skip
+    "client-resources-key-unknown": run(
+        "simulation.client_resources.foo=1",
+        expect=("simulation.client_resources.foo: unknown key (got 1); valid keys: num_cpus, num_gpus",),
+    ),
     "cpus-zero": run("simulation.client_resources.num_cpus=0", expect=("client_resources.num_cpus",)),
     "gpus-negative": run("simulation.client_resources.num_gpus=-1", expect=("client_resources.num_gpus",)),
     "vmap-flower": run("simulation.vmap_clients=4", "engine=flower", expect=("vmap_clients = 4 needs engine: local",)),
@@ -184,6 +213,10 @@ CASES: dict[str, Case] = {
         "deploy.certificates={ca: a.pem, cert: b.pem, key: c.pem}",
         expect=("deploy.certificates.ca", "no file at"),
     ),  # fmt: skip
+    "certificates-key-unknown": run(
+        "deploy.certificates={ca: a, cert: b, key: c, foo: 1}",
+        expect=("deploy.certificates.foo: unknown key (got 1); valid keys: ca, cert, key",),
+    ),
     "startup-timeout-zero": run("deploy.startup_timeout_s=0", expect=("deploy.startup_timeout_s",)),
     # --- data
     "dataset-unknown": run(
@@ -547,6 +580,30 @@ CASES: dict[str, Case] = {
         ("run", "/proc/self/status"),
         ("config file /proc/self/status: a /proc or /sys file (its size is unknown in advance), not a regular file",),
     ),
+    # what a config holds: plain values, anchors, aliases and merges, no other tags (a tag ran code)
+    "config-python-tag": Case(
+        ("run", "{tmp}/tagged.yaml"),
+        ("{tmp}/tagged.yaml: could not determine a constructor for the tag "
+         "'tag:yaml.org,2002:python/object/apply:os.system' at line 1: a config holds plain YAML values (mappings, "
+         "lists, text, numbers, true/false, null), anchors, aliases and << merges of mappings, no other tags",),
+        setup="python_tag",
+    ),  # fmt: skip
+    "config-custom-tag": Case(
+        ("run", "{tmp}/tagged.yaml"),
+        ("{tmp}/tagged.yaml: could not determine a constructor for the tag '!custom' at line 1: a config holds ",),
+        setup="custom_tag",
+    ),  # fmt: skip
+    "config-merge-of-a-scalar": Case(
+        ("run", "{tmp}/tagged.yaml"),
+        ("{tmp}/tagged.yaml: expected a mapping or list of mappings for merging, but found scalar at line 2: a "
+         "config holds ",),
+        setup="merge_of_a_scalar",
+    ),  # fmt: skip
+    "config-key-twice-in-a-merge": Case(
+        ("run", "{tmp}/merge.yaml"),
+        ("{tmp}/merge.yaml: key 'every' is given twice (line ", "): give it once"),
+        setup="merge_key_twice",
+    ),  # fmt: skip
     "config-not-yaml": Case(("run", "{tmp}/broken.yaml"), ("not valid YAML",), setup="broken_config"),
     "run-nothing": Case(("run",), ("fedsim run needs a config file, or --resume RUN_DIR",)),
     "resume-with-config": Case(("run", "{cfg}", "--resume", "{tmp}"), ("takes no config file and no --set",)),
@@ -1218,6 +1275,25 @@ def _fifo_data(tmp: Path) -> None:
 def _huge_config(tmp: Path) -> None:
     with open(tmp / "huge.yaml", "wb") as f:  # 50 MB, none of it written: refused by its size, before a byte is read
         f.truncate(50_000_000)
+
+
+def _python_tag(tmp: Path) -> None:
+    _write(tmp, "tagged.yaml", f"seed: !!python/object/apply:os.system ['touch {tmp}/pwned']\n")
+
+
+def _custom_tag(tmp: Path) -> None:
+    _write(tmp, "tagged.yaml", "seed: !custom 1\n")
+
+
+def _merge_of_a_scalar(tmp: Path) -> None:
+    _write(tmp, "tagged.yaml", "train:\n  <<: 5\n")
+
+
+def _merge_key_twice(tmp: Path) -> None:
+    text = (tmp / "cfg.yaml").read_text()
+    assert "\neval:\n  every: 2\n" in text
+    merged = "\neval:\n  every: 1\n  <<: {every: 2, every: 3}\n"
+    _write(tmp, "merge.yaml", text.replace("\neval:\n  every: 2\n", merged))
 
 
 def _broken_config(tmp: Path) -> None:
