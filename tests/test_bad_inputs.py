@@ -155,6 +155,34 @@ CASES: dict[str, Case] = {
     "output-dir-is-a-file": run("output.dir={tmp}/afile", expect=("output.dir", "is a file"), setup="a_file"),
     "run-dir-is-a-file": run("output.run_dir={tmp}/afile", expect=("output.run_dir", "is a file"), setup="a_file"),
     "run-dir-unmakeable": run("output.run_dir=/proc/fedsim-x", expect=("output.run_dir", "cannot create")),
+    "output-dir-proc": run(
+        "output.dir=/proc", expect=("output.dir: cannot create anything in /proc: No such file or directory",)
+    ),
+    "run-dir-nul": run(
+        'output.run_dir="r\\0"',
+        expect=("output.run_dir: holds the control character '\\x00': names, paths and addresses are printed on one "
+                "line; remove it (got 'r\\x00')",),
+    ),  # fmt: skip
+    "run-dir-symlink-loop": run(
+        "output.run_dir={tmp}/loop", expect=("output.run_dir: {tmp}/loop: Too many levels of symbolic links",),
+        setup="symlink_loop",
+    ),  # fmt: skip
+    "output-dir-symlink-loop": run(
+        "output.dir={tmp}/loop/sub", expect=("output.dir: {tmp}/loop: Too many levels of symbolic links",),
+        setup="symlink_loop",
+    ),  # fmt: skip
+    # fedsim writes only into what is its own (tests/test_own_dirs.py)
+    "run-dir-theirs": run(
+        "output.run_dir={tmp}/theirs",
+        expect=("output.run_dir {tmp}/theirs is not fedsim's: fedsim writes only into a new or empty directory or one "
+                "of its own run directories (marked .fedsim); give another output.run_dir, or empty that directory",),
+        setup="their_directory",
+    ),  # fmt: skip
+    "run-dir-a-compose-project": run(
+        "output.run_dir={tmp}/project",
+        expect=("output.run_dir {tmp}/project is a fedsim compose project, not a run:",),
+        setup="compose_project",
+    ),
     # a fresh run clears a killed run's tb/ (what is in the way there included): a resumed one keeps it
     "tensorboard-dir-is-a-file": Case(
         ("run", "--resume", "{tmp}/rd"),
@@ -906,7 +934,11 @@ CASES: dict[str, Case] = {
     ),  # fmt: skip
     "report-vs-dash": Case(("report", "{tmp}", "--vs", "-x"), ("argument --vs: expected one argument", "--vs=VALUE")),
     "report-out-theirs": Case(
-        ("report", "{tmp}/rd", "--out", "{tmp}"), ("is not fedsim's", "give another --out"), setup="finished_run"
+        ("report", "{tmp}/rd", "--out", "{tmp}"),
+        ("--out {tmp} is not fedsim's: fedsim writes only into a new or empty directory or one of its own results, "
+         "run, sweep or local continuation directories (marked .fedsim) or one holding only such directories; give "
+         "another --out, or empty that directory",),
+        setup="finished_run",
     ),  # fmt: skip
     "report-dir-theirs": Case(("report", "{tmp}"), ("--out", "is not fedsim's"), setup="finished_run"),
     # --- a run record of another version, or one its files disagree with
@@ -972,8 +1004,15 @@ CASES: dict[str, Case] = {
         ("plot", "{tmp}/rd", "{tmp}/rd"), ("--out . is not fedsim's",), setup="finished_run"
     ),  # fmt: skip
     "plot-out-a-file": Case(
-        ("plot", "{tmp}/rd", "--out", "{tmp}/afile"), ("--out", "is a file"), setup="finished_run_and_file"
+        ("plot", "{tmp}/rd", "--out", "{tmp}/afile"),
+        ("--out: {tmp}/afile is a file, not a directory; give another --out",),
+        setup="finished_run_and_file",
     ),  # fmt: skip
+    "report-out-a-compose-project": Case(
+        ("report", "{tmp}/rd", "--out", "{tmp}/project"),
+        ("--out {tmp}/project is a fedsim compose project, not a results, run, sweep or local continuation:",),
+        setup="finished_run_and_compose_project",
+    ),
     # --- fedsim compose
     "compose-nodes-zero": Case(
         ("compose", "{cfg}", "--nodes", "0", "--out", "{tmp}/c"), ("--nodes 0: train.num_clients",)
@@ -1081,6 +1120,15 @@ def _a_file(tmp: Path) -> None:
 def _their_directory(tmp: Path) -> None:
     (tmp / "theirs").mkdir()
     (tmp / "theirs" / "compose.yaml").write_text("services: {mine: {image: busybox}}\n")
+
+
+def _symlink_loop(tmp: Path) -> None:
+    (tmp / "loop").symlink_to(tmp / "loop")
+
+
+def _compose_project(tmp: Path) -> None:
+    (tmp / "project").mkdir()
+    (tmp / "project" / ".fedsim").write_text("compose project\n")
 
 
 def _plugins(tmp: Path) -> None:
@@ -1311,6 +1359,11 @@ def _run_dir(tmp: Path, rounds: int = 2, every: int = 1, **output: Any) -> Path:
 
 def _finished_run(tmp: Path) -> None:
     _run_dir(tmp)
+
+
+def _finished_run_and_compose_project(tmp: Path) -> None:
+    _run_dir(tmp)
+    _compose_project(tmp)
 
 
 def _finished_run_and_file(tmp: Path) -> None:
