@@ -1038,6 +1038,34 @@ CASES: dict[str, Case] = {
         setup="their_directory",
     ),
     "compose-no-data-root": Case(("compose", "{cfg}", "--out", "{tmp}/c", "--set", "data.root="), ("data.root",)),
+    # a project Docker Compose could not run as fedsim meant it (tests/test_compose.py)
+    "compose-nodes-above-bound": Case(
+        ("compose", "{cfg}", "--nodes", "1001", "--out", "{tmp}/p"),
+        ("--nodes 1001: fedsim compose writes one SuperNode container per client, at most 1,000 (one Docker "
+         "network); run more clients with fedsim run",),
+    ),  # fmt: skip
+    "compose-host-not-a-name": Case(
+        ("compose", "{cfg}", "--out", "{tmp}/p", "--set", "deploy.tls=true", "--superlink-host=a b"),
+        ("--superlink-host 'a b': give a DNS name (dot-separated labels of 1 to 63 letters, digits, '-' or '_', none "
+         "starting or ending with '-', not digits and dots only; at most 253 characters) or an IP address, e.g. "
+         "superlink, server.example.org, 10.0.0.5",),
+    ),  # fmt: skip
+    "compose-memory-below-a-gibibyte": Case(
+        ("compose", "{cfg}", "--out", "{tmp}/p", "--node-memory", "1023m"),
+        ("--node-memory '1023m': from 1g (a SuperNode's warm ClientApp process alone holds torch, Flower and fedsim, "
+         "about 750 MB) to 1024g (1 TiB) per SuperNode, e.g. 4g, 1536m",),
+    ),  # fmt: skip
+    "compose-data-unmountable": Case(
+        ("compose", "{cfg}", "--out", "{tmp}/p", "--set", "data.root={tmp}/a}b/mnist_small.npz"),
+        ("data.root: Compose cannot mount '{tmp}/a}b', a path holding '}'; move or link the data to a directory "
+         "whose path has no $ or } or :",),
+        setup="data_in_a_brace",
+    ),  # fmt: skip
+    "compose-out-with-a-colon": Case(
+        ("compose", "{cfg}", "--out", "{tmp}/a:b"),
+        ("--out: Compose cannot mount '{tmp}/a:b', a path holding ':'; write the project to a directory whose path "
+         "has no :",),
+    ),  # fmt: skip
     # --- fedsim deploy
     "deploy-vmap": Case(("deploy", "{cfg}", "--set", "simulation.vmap_clients=2"), ("each SuperNode trains",)),
     "deploy-supernode-auth-without-tls": Case(
@@ -1129,6 +1157,13 @@ def _symlink_loop(tmp: Path) -> None:
 def _compose_project(tmp: Path) -> None:
     (tmp / "project").mkdir()
     (tmp / "project" / ".fedsim").write_text("compose project\n")
+
+
+def _data_in_a_brace(tmp: Path) -> None:
+    from tests.conftest import MNIST_SMALL
+
+    (tmp / "a}b").mkdir()
+    (tmp / "a}b" / "mnist_small.npz").symlink_to(MNIST_SMALL)
 
 
 def _plugins(tmp: Path) -> None:
