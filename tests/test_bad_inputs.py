@@ -378,7 +378,16 @@ CASES: dict[str, Case] = {
         expect=("class 0 has 2 train samples but 4 clients",),
         setup="twenty_npz",
     ),  # fmt: skip
-    "centralised-clients": run("partition={name: centralised}", expect=("train.num_clients must be 1, got 4",)),
+    "centralised-clients": run(
+        "partition={name: centralised}",
+        expect=("partition 'centralised' puts the whole training set on one client: train.num_clients must be 1, "
+                "got 4",),
+    ),  # fmt: skip
+    "domains-without-domains": run(
+        "partition={name: domains}",
+        expect=("partition 'domains' needs a dataset that records each image's domain: data.dataset: pacs or "
+                "domains (a <domain>/<class>/<image> tree)",),
+    ),  # fmt: skip
     "iid-with-beta": run("partition={name: iid, beta: 1}", expect=("partition.beta", "unknown key", "'iid'")),
     "partition-not-a-partitioner": run("partition.name=os:path", expect=("Partitioner subclass",)),
     "partition-raises": run(
@@ -421,7 +430,11 @@ CASES: dict[str, Case] = {
         "model.norm=gn", "model.norm.groups=0", expect=("model.norm.groups", "greater than or equal to 1")
     ),
     "gn-groups-not-dividing": run("model.norm={name: gn, groups: 3}", expect=("model.norm.groups = 3", "divide")),
-    "pln-group-of-one": run("model.norm={name: pln, group_size: 1}", expect=("'pln'", "group_size = 1")),
+    "pln-group-of-one": run(
+        "model.norm={name: pln, group_size: 1}",
+        expect=("model.norm for norm 'pln': group_size = 1 with centering gives 0 everywhere (each group is its own "
+                "mean); use group_size >= 2, or center: false (PLS-1)",),
+    ),  # fmt: skip
     "ln-eps-negative": run("model.norm={name: ln, eps: -1}", expect=("model.norm.eps",)),
     "ln-option-unknown": run("model.norm={name: ln, epss: 1}", expect=("model.norm.epss", "unknown key")),
     "norm-not-a-normaliser": run("model.norm=torch.nn:LayerNorm", expect=("fedsim.norms.Normaliser subclass",)),
