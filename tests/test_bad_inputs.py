@@ -399,6 +399,13 @@ CASES: dict[str, Case] = {
     "model-unknown": run("model.name=vgg", expect=("model.name", "unknown models", "cnn", "mlp", "resnet18")),
     "model-option-unknown": run("model.hiden=[10]", expect=("model.hiden", "unknown key", "hidden")),
     "hidden-zero": run("model.hidden=[0]", expect=("model.hidden.0",)),
+    # refused before the model is built (tests/test_meaningful_values.py): the bound is this machine's memory
+    "model-beyond-memory": run(
+        "model.hidden=[1000000000]",
+        expect=("model: 'mlp' with model.hidden=[1000000000] has 796,000,000,000 parameters and buffers (2,965.3 "
+                "GiB); a run holds about 8 copies of its model, so this machine's ", " of memory allow at most ",
+                "): make the model smaller"),
+    ),  # fmt: skip
     "activation-unknown": run("model.activation=swish", expect=("model.activation", "'relu'")),
     "norm-position-unknown": run("model.norm_position=middle", expect=("model.norm_position", "'after'")),
     "norm-sites-unknown": run(
@@ -455,6 +462,21 @@ CASES: dict[str, Case] = {
     "fedyogi-scope-unknown": run("strategy={name: fedyogi, scope: some}", expect=("strategy.scope",)),
     "scaffold-weighting-unknown": run("strategy={name: scaffold, weighting: random}", expect=("strategy.weighting",)),
     "fedbn-evaluate-unknown": run("strategy={name: fedbn, evaluate: both}", expect=("strategy.evaluate",)),
+    "fedexp-epsilon-zero": run(
+        "strategy={name: fedexp, epsilon: 0}",
+        expect=("strategy.epsilon = 0 for strategy 'fedexp': Input should be greater than 0",),
+    ),
+    "fedexp-epsilon-nan": run(
+        "strategy={name: fedexp, epsilon: .nan}", expect=("strategy: option epsilon = nan is not a finite number",)
+    ),
+    "fedexp-evaluate-unknown": run(
+        "strategy={name: fedexp, evaluate: best}",
+        expect=("strategy.evaluate = 'best' for strategy 'fedexp': Input should be 'average' or 'last'",),
+    ),
+    "fedexp-eta-g": run(
+        "strategy={name: fedexp, eta_g: 2.0}",
+        expect=("strategy.eta_g: unknown key for strategy 'fedexp'; valid keys: epsilon, evaluate",),
+    ),
     "flower-fraction": run(
         "strategy={name: 'flwr.serverapp.strategy:FedAvg', fraction_train: 0.5}",
         expect=("fraction_train=0.5", "clients_per_round", "fraction_train: 1.0"),
