@@ -696,7 +696,8 @@ CASES: dict[str, Case] = {
         setup="resumable_run_checkpoint_unversioned",
     ),
     # a stopped SCAFFOLD run's client_state/ (tests/test_resume_client_state.py): partition 0's files deleted,
-    # partition 1's of the checkpoint's round (round 2's left), partition 2's replaced by partition 3's
+    # partition 1's of the checkpoint's round (round 2's left), partition 2's replaced by partition 3's, partition
+    # 3's cut short
     "resume-client-state-damaged": Case(
         ("run", "--resume", "{tmp}/rd"),
         ("{tmp}/rd: cannot resume: its clients' state is not the state checkpoint.pt recorded at round 4: "
@@ -704,6 +705,8 @@ CASES: dict[str, Case] = {
          "partition 1: {tmp}/rd/client_state/partition-1/round-4.bin is missing (round-2.bin there is another "
          "round's); ",
          "partition 2: {tmp}/rd/client_state/partition-2/round-4.bin is not the file this run wrote (another run's, "
+         "or changed since it was written); ",
+         "partition 3: {tmp}/rd/client_state/partition-3/round-4.bin is not the file this run wrote (another run's, "
          "or changed since it was written)"),
         setup="client_state_damaged",
     ),  # fmt: skip
@@ -1523,6 +1526,8 @@ def _client_state_damaged(tmp: Path) -> None:
     shutil.rmtree(states / "partition-0")
     (states / "partition-1" / "round-4.bin").unlink()
     shutil.copy(states / "partition-3" / "round-4.bin", states / "partition-2" / "round-4.bin")  # another's state
+    own = states / "partition-3" / "round-4.bin"
+    own.write_bytes(own.read_bytes()[: own.stat().st_size // 2])  # cut short: no longer decodes
 
 
 def _client_state_unrecorded(tmp: Path) -> None:
