@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import fedsim
+from fedsim.app.cli import main
 from fedsim.config_file import parse_config, read_run_config
 from fedsim.data.batches import BatchStream
 from fedsim.engines.runner import run
@@ -95,3 +97,36 @@ def test_personal_evaluation_leaves_every_other_number_as_it_was(tmp_path: Path,
     assert on_summary["final_personal_acc"] == on[-1]["personal_acc"]
     assert on_summary["best_personal_acc"] == max(line["personal_acc"] for line in on)
     assert on_summary["final_client_mean_acc"] == off_summary["final_client_mean_acc"]
+
+
+def test_personal_accuracy_reaches_the_report_and_the_api(tmp_path: Path, one_thread: None) -> None:
+    summary, lines = run_lines(tmp_path, "p", eval={"every": 2, "personal": {"steps": 5}})
+    run_dir = Path(summary["run_dir"])
+    found = fedsim.open_run(run_dir)
+    assert found.summary["final_personal_acc"] == lines[-1]["personal_acc"]
+    assert found.metrics["personal_acc"].tolist() == [line["personal_acc"] for line in lines]
+    assert found.metrics["client_personal_acc"].tolist() == [line["client_personal_acc"] for line in lines]
+    assert main(["report", str(run_dir.parent)]) == 0
+    header, row = (line.strip("|").split(" | ") for line in (run_dir.parent / "results.md").read_text().splitlines()
+                   if "---" not in line)  # fmt: skip
+    shown = dict(zip([h.strip() for h in header], [c.strip() for c in row], strict=True))
+    assert shown["final personal acc %"] == f"{100 * summary['final_personal_acc']:.2f}"
+    assert shown["best personal acc %"] == f"{100 * summary['best_personal_acc']:.2f}"
+    assert shown["final client-mean acc %"] == f"{100 * summary['final_client_mean_acc']:.2f}"
+    table = fedsim.open_sweep(run_dir.parent).table()
+    assert table["final personal acc %"].tolist() == [shown["final personal acc %"]]
+
+
+@pytest.mark.slow
+def test_personal_accuracy_is_the_same_inline_on_a_ray_pool_and_under_flower(tmp_path: Path) -> None:
+    personal = {"every": 2, "personal": {"steps": 3, "params": "classifier"}}
+    _, inline = run_lines(tmp_path, "inline", eval=personal)
+    _, pool = run_lines(
+        tmp_path, "pool", eval=personal, simulation={"backend": "ray", "client_resources": {"num_cpus": 1}}
+    )
+    _, flower = run_lines(
+        tmp_path, "flower", eval=personal, engine="flower", simulation={"client_resources": {"num_cpus": 1}}
+    )
+    assert inline[-1]["personal_acc"] != inline[-1]["client_mean_acc"]
+    assert pool == inline  # Ray actors: bit for bit
+    assert flower == inline  # Flower's runtime: the same ClientApp, bit for bit
