@@ -11,13 +11,20 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from flwr.app import RecordDict
 
 import fedsim
 from fedsim.app.cli import main
+from fedsim.config import EvalConfig
 from fedsim.config_file import parse_config, read_run_config
 from fedsim.data.batches import BatchStream
 from fedsim.engines.runner import run
+from fedsim.errors import ConfigError
 from fedsim.experiment.resolve import resolve
+from fedsim.models import FedsimModel
+from fedsim.record.checkpoint import _check_same_run as check_same_run
+from fedsim.strategies import ClientHooks, StrategySpec
+from fedsim.strategies.hooks import FineTune
 from tests.conftest import small_config
 
 WALL_CLOCK = ("time_s", "rss_mb")  # facts about the machine, not results
@@ -130,3 +137,33 @@ def test_personal_accuracy_is_the_same_inline_on_a_ray_pool_and_under_flower(tmp
     assert inline[-1]["personal_acc"] != inline[-1]["client_mean_acc"]
     assert pool == inline  # Ray actors: bit for bit
     assert flower == inline  # Flower's runtime: the same ClientApp, bit for bit
+
+
+class KeepsGlobalClient(ClientHooks):
+    """A personalisation of its own: the model as loaded for training, not fine-tuned."""
+
+    def personalize(self, model: FedsimModel, state: RecordDict, fine_tune: FineTune) -> FedsimModel:
+        return model
+
+
+class KeepsGlobal(StrategySpec):
+    """FedAvg whose personalised model is the global one (test strategy)."""
+
+    Client = KeepsGlobalClient
+
+
+def test_a_strategy_personalises_through_its_hook(tmp_path: Path, one_thread: None) -> None:
+    strategy = {"name": f"{__name__}:KeepsGlobal"}
+    _, own = run_lines(tmp_path, "own", strategy=strategy, eval={"every": 2, "personal": {"steps": 5}})
+    _, generic = run_lines(tmp_path, "generic", eval={"every": 2, "personal": {"steps": 5}})
+    assert [line["client_personal_acc"] for line in own] == [line["client_acc"] for line in own]
+    assert generic[-1]["personal_acc"] != generic[-1]["client_mean_acc"]
+
+
+def test_a_checkpoint_written_before_personal_evaluation_resumes_under_its_default() -> None:
+    cfg = parse_config(small_config(Path("/nonexistent")))
+    saved = json.loads(cfg.to_json())
+    del saved["eval"]["personal"]  # the config a checkpoint of an earlier fedsim holds
+    check_same_run(cfg, json.dumps(saved))  # the same run: no error
+    with pytest.raises(ConfigError, match=r"eval.personal.steps: None -> 5"):
+        check_same_run(cfg.model_copy(update={"eval": EvalConfig(personal={"steps": 5})}), json.dumps(saved))
