@@ -18,6 +18,7 @@ from fedsim.app.cli import main
 from fedsim.config import EvalConfig
 from fedsim.config_file import parse_config, read_run_config
 from fedsim.data.batches import BatchStream
+from fedsim.deploy.launcher import deploy
 from fedsim.engines.runner import run
 from fedsim.errors import ConfigError
 from fedsim.experiment.resolve import resolve
@@ -26,6 +27,8 @@ from fedsim.record.checkpoint import _check_same_run as check_same_run
 from fedsim.strategies import ClientHooks, StrategySpec
 from fedsim.strategies.hooks import FineTune
 from tests.conftest import small_config
+from tests.test_deploy import assert_same_numbers
+from tests.test_resume import metrics
 
 WALL_CLOCK = ("time_s", "rss_mb")  # facts about the machine, not results
 
@@ -125,7 +128,8 @@ def test_personal_accuracy_reaches_the_report_and_the_api(tmp_path: Path, one_th
 
 
 @pytest.mark.slow
-def test_personal_accuracy_is_the_same_inline_on_a_ray_pool_and_under_flower(tmp_path: Path) -> None:
+@pytest.mark.long
+def test_personal_accuracy_is_the_same_inline_on_a_ray_pool_under_flower_and_deployed(tmp_path: Path) -> None:
     personal = {"every": 2, "personal": {"steps": 3, "params": "classifier"}}
     _, inline = run_lines(tmp_path, "inline", eval=personal)
     _, pool = run_lines(
@@ -137,6 +141,10 @@ def test_personal_accuracy_is_the_same_inline_on_a_ray_pool_and_under_flower(tmp
     assert inline[-1]["personal_acc"] != inline[-1]["client_mean_acc"]
     assert pool == inline  # Ray actors: bit for bit
     assert flower == inline  # Flower's runtime: the same ClientApp, bit for bit
+    deployed = metrics(Path(deploy(parse_config(small_config(tmp_path, name="deploy", eval=personal)))["run_dir"]))
+    assert_same_numbers(deployed, inline)  # the SuperNodes' threads: tests/test_deploy.py
+    for d, i in zip(deployed, inline, strict=True):
+        assert d["client_personal_acc"] == pytest.approx(i["client_personal_acc"], abs=1e-6)
 
 
 class KeepsGlobalClient(ClientHooks):
