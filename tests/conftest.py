@@ -7,6 +7,7 @@ import ipaddress
 import itertools
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,3 +165,11 @@ def continued_run(run_dir: Path) -> Path:
               "summary_sha256": "0" * 64}  # fmt: skip
     (run_dir / "summary.json").write_text(written(**scores, files={"model.pt": {"size": 1, "sha256": MODEL_SHA256}}))
     return run_dir
+
+
+def ip_command(*args: str) -> None:
+    """``ip ARGS`` (iproute2), raising PermissionError with its message where it fails (a machine that forbids
+    network namespaces: the multi-host tests skip there)."""
+    res = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise PermissionError(f"ip {' '.join(args)}: {res.stderr.strip()}")

@@ -3,8 +3,9 @@ line, ``fedsim: error: ...``, naming the key, file or argument and what is allow
 where the input can be checked before a run starts, nothing created.
 
 One row per case (adding a case is one line). ``{cfg}`` is a valid small config written for the case
-(``CONFIG`` rows change it first), ``{tmp}`` the case's own directory; ``setup`` names a function below
-that makes the files a case needs (bad data, plugins, run directories).
+(``CONFIG`` rows change it first), ``{tmp}`` the case's own directory (in the arguments and the expected
+fragments alike); ``setup`` names a function below that makes the files a case needs (bad data, plugins, run
+directories).
 """
 
 from __future__ import annotations
@@ -57,7 +58,30 @@ CASES: dict[str, Case] = {
     "engine-unknown": run("engine=warp", expect=("engine", "'local' or 'flower'")),
     "section-unknown": run("trian.rounds=3", expect=("trian", "unknown key")),
     "section-not-a-mapping": run("train=5", expect=("train", "valid dictionary")),
-    "top-level-key-unknown": run("foo=1", expect=("foo", "unknown key")),
+    "top-level-key-unknown": run(
+        "foo=1",
+        expect=("foo: unknown key (got 1); valid keys: name, seed, engine, data, partition, model, strategy, train, "
+                "eval, simulation, output, diagnostics, deploy",),
+    ),  # fmt: skip
+    # every problem at once, numbered (a problem may hold a semicolon of its own), on one line
+    "several-errors": run(
+        "train.rounds=0",
+        "train.lr=-1",
+        "train.bogus=3",
+        "eval.every=-3",
+        expect=("4 errors: (1) train.rounds: Input should be greater than or equal to 1 (got 0); (2) train.lr: Input "
+                "should be greater than 0 (got -1); (3) train.bogus: unknown key (got 3); valid keys: rounds, "
+                "num_clients, clients_per_round, local_steps", "; (4) eval.every: Input should be greater than or "
+                "equal to 1 (got -3)"),
+    ),  # fmt: skip
+    "several-plugin-options": run(
+        "strategy={name: fedyogi, eta: -1, beta_1: 3}",
+        "strategy.v0=x",
+        expect=("3 errors: (1) strategy.eta = -1 for strategy 'fedyogi': Input should be greater than 0",
+                "; (2) strategy.beta_1 = 3 for strategy 'fedyogi': Input should be less than 1",
+                "; (3) strategy.v0 = 'x' for strategy 'fedyogi': Input should be 'tau^2' or a finite number greater "
+                "than"),
+    ),  # fmt: skip
     # --- train
     "rounds-zero": run("train.rounds=0", expect=("train.rounds", "greater than or equal to 1")),
     "rounds-negative": run("train.rounds=-1", expect=("train.rounds",)),
@@ -94,7 +118,10 @@ CASES: dict[str, Case] = {
     "eval-every-zero": run("eval.every=0", expect=("eval.every",)),
     "eval-batch-zero": run("eval.batch_size=0", expect=("eval.batch_size",)),
     "eval-global-not-bool": run("eval.global_test=maybe", expect=("eval.global_test", "valid boolean")),
-    "eval-key-unknown": run("eval.extra=1", expect=("eval.extra", "unknown key")),
+    "eval-key-unknown": run(
+        "eval.extra=1",
+        expect=("eval.extra: unknown key (got 1); valid keys: every, batch_size, global_test, personal",),
+    ),
     "eval-personal-steps-negative": run(
         "eval.personal.steps=-1", expect=("eval.personal.steps", "greater than or equal to 0")
     ),
@@ -123,6 +150,10 @@ CASES: dict[str, Case] = {
         "simulation.ray_address=127.0.0.1:1",
         expect=("simulation.ray_address = '127.0.0.1:1': no Ray cluster answers",),
     ),  # fmt: skip
+    "client-resources-key-unknown": run(
+        "simulation.client_resources.foo=1",
+        expect=("simulation.client_resources.foo: unknown key (got 1); valid keys: num_cpus, num_gpus",),
+    ),
     "cpus-zero": run("simulation.client_resources.num_cpus=0", expect=("client_resources.num_cpus",)),
     "gpus-negative": run("simulation.client_resources.num_gpus=-1", expect=("client_resources.num_gpus",)),
     "vmap-flower": run("simulation.vmap_clients=4", "engine=flower", expect=("vmap_clients = 4 needs engine: local",)),
@@ -134,6 +165,34 @@ CASES: dict[str, Case] = {
     "output-dir-is-a-file": run("output.dir={tmp}/afile", expect=("output.dir", "is a file"), setup="a_file"),
     "run-dir-is-a-file": run("output.run_dir={tmp}/afile", expect=("output.run_dir", "is a file"), setup="a_file"),
     "run-dir-unmakeable": run("output.run_dir=/proc/fedsim-x", expect=("output.run_dir", "cannot create")),
+    "output-dir-proc": run(
+        "output.dir=/proc", expect=("output.dir: cannot create anything in /proc: No such file or directory",)
+    ),
+    "run-dir-nul": run(
+        'output.run_dir="r\\0"',
+        expect=("output.run_dir: holds the control character '\\x00': names, paths and addresses are printed on one "
+                "line; remove it (got 'r\\x00')",),
+    ),  # fmt: skip
+    "run-dir-symlink-loop": run(
+        "output.run_dir={tmp}/loop", expect=("output.run_dir: {tmp}/loop: Too many levels of symbolic links",),
+        setup="symlink_loop",
+    ),  # fmt: skip
+    "output-dir-symlink-loop": run(
+        "output.dir={tmp}/loop/sub", expect=("output.dir: {tmp}/loop: Too many levels of symbolic links",),
+        setup="symlink_loop",
+    ),  # fmt: skip
+    # fedsim writes only into what is its own (tests/test_own_dirs.py)
+    "run-dir-theirs": run(
+        "output.run_dir={tmp}/theirs",
+        expect=("output.run_dir {tmp}/theirs is not fedsim's: fedsim writes only into a new or empty directory or one "
+                "of its own run directories (marked .fedsim); give another output.run_dir, or empty that directory",),
+        setup="their_directory",
+    ),  # fmt: skip
+    "run-dir-a-compose-project": run(
+        "output.run_dir={tmp}/project",
+        expect=("output.run_dir {tmp}/project is a fedsim compose project, not a run:",),
+        setup="compose_project",
+    ),
     # a fresh run clears a killed run's tb/ (what is in the way there included): a resumed one keeps it
     "tensorboard-dir-is-a-file": Case(
         ("run", "--resume", "{tmp}/rd"),
@@ -192,6 +251,10 @@ CASES: dict[str, Case] = {
         "deploy.certificates={ca: a.pem, cert: b.pem, key: c.pem}",
         expect=("deploy.certificates.ca", "no file at"),
     ),  # fmt: skip
+    "certificates-key-unknown": run(
+        "deploy.certificates={ca: a, cert: b, key: c, foo: 1}",
+        expect=("deploy.certificates.foo: unknown key (got 1); valid keys: ca, cert, key",),
+    ),
     "startup-timeout-zero": run("deploy.startup_timeout_s=0", expect=("deploy.startup_timeout_s",)),
     # --- data
     "dataset-unknown": run(
@@ -325,7 +388,16 @@ CASES: dict[str, Case] = {
         expect=("class 0 has 2 train samples but 4 clients",),
         setup="twenty_npz",
     ),  # fmt: skip
-    "centralised-clients": run("partition={name: centralised}", expect=("train.num_clients must be 1, got 4",)),
+    "centralised-clients": run(
+        "partition={name: centralised}",
+        expect=("partition 'centralised' puts the whole training set on one client: train.num_clients must be 1, "
+                "got 4",),
+    ),  # fmt: skip
+    "domains-without-domains": run(
+        "partition={name: domains}",
+        expect=("partition 'domains' needs a dataset that records each image's domain: data.dataset: pacs or "
+                "domains (a <domain>/<class>/<image> tree)",),
+    ),  # fmt: skip
     "iid-with-beta": run("partition={name: iid, beta: 1}", expect=("partition.beta", "unknown key", "'iid'")),
     "partition-not-a-partitioner": run("partition.name=os:path", expect=("Partitioner subclass",)),
     "partition-raises": run(
@@ -337,6 +409,13 @@ CASES: dict[str, Case] = {
     "model-unknown": run("model.name=vgg", expect=("model.name", "unknown models", "cnn", "mlp", "resnet18")),
     "model-option-unknown": run("model.hiden=[10]", expect=("model.hiden", "unknown key", "hidden")),
     "hidden-zero": run("model.hidden=[0]", expect=("model.hidden.0",)),
+    # refused before the model is built (tests/test_meaningful_values.py): the bound is this machine's memory
+    "model-beyond-memory": run(
+        "model.hidden=[1000000000]",
+        expect=("model: 'mlp' with model.hidden=[1000000000] has 796,000,000,000 parameters and buffers (2,965.3 "
+                "GiB); a run holds about 8 copies of its model, so this machine's ", " of memory allow at most ",
+                "): make the model smaller"),
+    ),  # fmt: skip
     "activation-unknown": run("model.activation=swish", expect=("model.activation", "'relu'")),
     "norm-position-unknown": run("model.norm_position=middle", expect=("model.norm_position", "'after'")),
     "norm-sites-unknown": run(
@@ -368,7 +447,11 @@ CASES: dict[str, Case] = {
         "model.norm=gn", "model.norm.groups=0", expect=("model.norm.groups", "greater than or equal to 1")
     ),
     "gn-groups-not-dividing": run("model.norm={name: gn, groups: 3}", expect=("model.norm.groups = 3", "divide")),
-    "pln-group-of-one": run("model.norm={name: pln, group_size: 1}", expect=("'pln'", "group_size = 1")),
+    "pln-group-of-one": run(
+        "model.norm={name: pln, group_size: 1}",
+        expect=("model.norm for norm 'pln': group_size = 1 with centering gives 0 everywhere (each group is its own "
+                "mean); use group_size >= 2, or center: false (PLS-1)",),
+    ),  # fmt: skip
     "ln-eps-negative": run("model.norm={name: ln, eps: -1}", expect=("model.norm.eps",)),
     "ln-option-unknown": run("model.norm={name: ln, epss: 1}", expect=("model.norm.epss", "unknown key")),
     "norm-not-a-normaliser": run("model.norm=torch.nn:LayerNorm", expect=("fedsim.norms.Normaliser subclass",)),
@@ -389,6 +472,21 @@ CASES: dict[str, Case] = {
     "fedyogi-scope-unknown": run("strategy={name: fedyogi, scope: some}", expect=("strategy.scope",)),
     "scaffold-weighting-unknown": run("strategy={name: scaffold, weighting: random}", expect=("strategy.weighting",)),
     "fedbn-evaluate-unknown": run("strategy={name: fedbn, evaluate: both}", expect=("strategy.evaluate",)),
+    "fedexp-epsilon-zero": run(
+        "strategy={name: fedexp, epsilon: 0}",
+        expect=("strategy.epsilon = 0 for strategy 'fedexp': Input should be greater than 0",),
+    ),
+    "fedexp-epsilon-nan": run(
+        "strategy={name: fedexp, epsilon: .nan}", expect=("strategy: option epsilon = nan is not a finite number",)
+    ),
+    "fedexp-evaluate-unknown": run(
+        "strategy={name: fedexp, evaluate: best}",
+        expect=("strategy.evaluate = 'best' for strategy 'fedexp': Input should be 'average' or 'last'",),
+    ),
+    "fedexp-eta-g": run(
+        "strategy={name: fedexp, eta_g: 2.0}",
+        expect=("strategy.eta_g: unknown key for strategy 'fedexp'; valid keys: epsilon, evaluate",),
+    ),
     "flower-fraction": run(
         "strategy={name: 'flwr.serverapp.strategy:FedAvg', fraction_train: 0.5}",
         expect=("fraction_train=0.5", "clients_per_round", "fraction_train: 1.0"),
@@ -415,6 +513,62 @@ CASES: dict[str, Case] = {
     ),
     "plugin-server-raises": run(
         "strategy.name=bad_plugins:ServerRaises", expect=("building its server half", "RuntimeError"), setup="plugins"
+    ),
+    # --- found in a round: the run stops, naming the round and the client
+    "client-fails-under-fail": run(
+        "strategy={name: 'tests.plugins.flaky_client:Flaky', fail_partition: 1, fail_from: 1}",
+        "train.on_client_failure=fail",
+        expect=("round 1, training: client 1: RuntimeError: injected failure of partition 1 in round 1 (at "
+                "flaky_client.py:", "(train.on_client_failure: skip goes on without them)"),
+        creates=True,
+    ),  # fmt: skip
+    "no-client-left-under-skip": run(
+        "strategy={name: 'tests.plugins.flaky_client:Flaky', fail_partition: 0, fail_from: 1}",
+        "train.on_client_failure=skip",
+        "train.num_clients=1",
+        "partition={name: iid}",
+        expect=("round 1, training: no client sent a usable reply",),
+        creates=True,
+    ),  # fmt: skip
+    "loss-above-max-loss": run(
+        "train.max_loss=0.01",
+        "train.rounds=1",
+        expect=("training diverged in round 1: client 0: training loss ",
+                " is above train.max_loss = 0.01; client 1: "),
+        creates=True,
+    ),  # fmt: skip
+    "diverged-weights": run(
+        "strategy={name: 'tests.plugins.diverging:Diverging', round: 1, client: 2, where: weights}",
+        "train.rounds=1",
+        expect=("training diverged in round 1: client 2: non-finite weights in classifier.weight",),
+        creates=True,
+    ),  # fmt: skip
+    "diverged-after-a-checkpoint": run(
+        "strategy={name: 'tests.plugins.diverging:Diverging', round: 3, client: 1}",
+        "output.run_dir={tmp}/rd",
+        "output.checkpoint_every=2",
+        expect=("training diverged in round 3: client 1: training loss is inf; the last good checkpoint (round 2) is "
+                "in {tmp}/rd; the metrics so far are in {tmp}/rd",),
+        creates=True,
+    ),  # fmt: skip
+    # a plugin strategy's protocol key that is another's (tests/test_protocol.py's plugins)
+    "strategy-key-of-the-core": run(
+        "strategy.name=tests.test_protocol:SendsItsOwnRound",
+        expect=("strategy.name: strategy 'tests.test_protocol:SendsItsOwnRound': its protocol key 'server-round' "
+                "(record 'config', message 'train') reuses the name 'server-round' of fedsim's core protocol",),
+    ),  # fmt: skip
+    "strategy-record-of-the-core": run(
+        "strategy.name=tests.test_protocol:KeepsARecordCalledMetrics",
+        expect=("its protocol key '*' (record 'metrics', message 'Context.state') is every entry of the record "
+                "'metrics' of fedsim's core protocol",),
+    ),  # fmt: skip
+    "strategy-record-of-another": run(
+        "strategy.name=tests.test_protocol:SendsScaffoldsC",
+        expect=("its protocol key '*' (record 'scaffold.c', message 'train') is declared by strategy 'scaffold' too",),
+    ),
+    "strategy-protocol-of-strings": run(
+        "strategy.name=tests.test_protocol:ProtocolOfStrings",
+        expect=("protocol must be a tuple of fedsim.wire.Key rows, got ('my.key',)",),
     ),
     # --- --set itself
     "set-without-value": run("train.rounds", expect=("key.path=value",)),
@@ -499,6 +653,30 @@ CASES: dict[str, Case] = {
         ("run", "/proc/self/status"),
         ("config file /proc/self/status: a /proc or /sys file (its size is unknown in advance), not a regular file",),
     ),
+    # what a config holds: plain values, anchors, aliases and merges, no other tags (a tag ran code)
+    "config-python-tag": Case(
+        ("run", "{tmp}/tagged.yaml"),
+        ("{tmp}/tagged.yaml: could not determine a constructor for the tag "
+         "'tag:yaml.org,2002:python/object/apply:os.system' at line 1: a config holds plain YAML values (mappings, "
+         "lists, text, numbers, true/false, null), anchors, aliases and << merges of mappings, no other tags",),
+        setup="python_tag",
+    ),  # fmt: skip
+    "config-custom-tag": Case(
+        ("run", "{tmp}/tagged.yaml"),
+        ("{tmp}/tagged.yaml: could not determine a constructor for the tag '!custom' at line 1: a config holds ",),
+        setup="custom_tag",
+    ),  # fmt: skip
+    "config-merge-of-a-scalar": Case(
+        ("run", "{tmp}/tagged.yaml"),
+        ("{tmp}/tagged.yaml: expected a mapping or list of mappings for merging, but found scalar at line 2: a "
+         "config holds ",),
+        setup="merge_of_a_scalar",
+    ),  # fmt: skip
+    "config-key-twice-in-a-merge": Case(
+        ("run", "{tmp}/merge.yaml"),
+        ("{tmp}/merge.yaml: key 'every' is given twice (line ", "): give it once"),
+        setup="merge_key_twice",
+    ),  # fmt: skip
     "config-not-yaml": Case(("run", "{tmp}/broken.yaml"), ("not valid YAML",), setup="broken_config"),
     "run-nothing": Case(("run",), ("fedsim run needs a config file, or --resume RUN_DIR",)),
     "resume-with-config": Case(("run", "{cfg}", "--resume", "{tmp}"), ("takes no config file and no --set",)),
@@ -526,6 +704,26 @@ CASES: dict[str, Case] = {
         ("run", "--resume", "{tmp}/rd"),
         ("checkpoint.pt: a run record of version 0, older than", "upgrade it with `fedsim record upgrade"),
         setup="resumable_run_checkpoint_unversioned",
+    ),
+    # a stopped SCAFFOLD run's client_state/ (tests/test_resume_client_state.py): partition 0's files deleted,
+    # partition 1's of the checkpoint's round (round 2's left), partition 2's replaced by partition 3's, partition
+    # 3's cut short
+    "resume-client-state-damaged": Case(
+        ("run", "--resume", "{tmp}/rd"),
+        ("{tmp}/rd: cannot resume: its clients' state is not the state checkpoint.pt recorded at round 4: "
+         "partition 0: {tmp}/rd/client_state/partition-0/round-4.bin is missing; ",
+         "partition 1: {tmp}/rd/client_state/partition-1/round-4.bin is missing (round-2.bin there is another "
+         "round's); ",
+         "partition 2: {tmp}/rd/client_state/partition-2/round-4.bin is not the file this run wrote (another run's, "
+         "or changed since it was written); ",
+         "partition 3: {tmp}/rd/client_state/partition-3/round-4.bin is not the file this run wrote (another run's, "
+         "or changed since it was written)"),
+        setup="client_state_damaged",
+    ),  # fmt: skip
+    "record-upgrade-checkpoint-without-client-state": Case(
+        ("record", "upgrade", "{tmp}/rd"),
+        ("{tmp}/rd/checkpoint.pt: written by a fedsim before it recorded client_state",),
+        setup="client_state_unrecorded",
     ),
     "resume-config-not-yaml": Case(
         ("run", "--resume", "{tmp}/rd"), ("config.yaml", "not valid YAML"), setup="broken_run_config"
@@ -727,6 +925,55 @@ CASES: dict[str, Case] = {
         ("rd/metrics.jsonl: 0 bytes where the run wrote", "in summary.json's files", "move it out"),
         setup="metrics_missing",
     ),
+    # a finished run's files that disagree with each other or with the record (tests/test_run_record.py)
+    "report-metrics-round-not-evaluated": Case(
+        ("report", "{tmp}"),
+        ("rd/metrics.jsonl, line 1: not readable as the JSON fedsim writes (round: round 1 is not one the run "
+         "evaluated (eval.every: 2, and its last, 3) (got 1))",),
+        setup="metrics_round_not_evaluated",
+    ),  # fmt: skip
+    "report-summary-forged": Case(
+        ("report", "{tmp}"),
+        ("rd: summary.json's final_client_mean_acc is 0.99, its metrics.jsonl's ",),
+        setup="summary_forged",
+    ),
+    "report-summary-edited": Case(
+        ("report", "{tmp}"),
+        ("rd: summary.json is not the summary the run wrote (summary_sha256 differs: a field edited after the run)",),
+        setup="summary_edited",
+    ),
+    "report-summary-rounds": Case(
+        ("report", "{tmp}"),
+        ("rd: summary.json says the run finished 1 rounds, its config.yaml's train.rounds is 2",),
+        setup="summary_rounds",
+    ),
+    "report-config-missing": Case(
+        ("report", "{tmp}"),
+        ("rd: a run directory (partition.csv, metrics.jsonl, summary.json, progress.json) without its config.yaml",),
+        setup="config_missing",
+    ),
+    "report-partition-edited": Case(
+        ("report", "{tmp}"),
+        ("rd/partition.csv: not the file the run wrote (its sha256 in summary.json's files differs",),
+        setup="partition_edited",
+    ),
+    # seeds of one config whose data.root held other data: averaged as one row before
+    "report-seeds-of-other-data": Case(
+        ("report", "{tmp}/runs", "--out", "{tmp}/rep"),
+        ("{tmp}/runs/s0 and {tmp}/runs/s1 are seeds of one config trained on other data (data_sha256 ",),
+        setup="seeds_of_other_data",
+    ),
+    # a stopped run (no summary.json) is held to progress.json, and without it to its checkpoint
+    "plot-stopped-run-config-edited": Case(
+        ("plot", "{tmp}/rd", "--out", "{tmp}/out"),
+        ("rd/config.yaml: ", " bytes where the run wrote ", " (its size in progress.json's files"),
+        setup="stopped_run_config_edited",
+    ),
+    "plot-stopped-run-lines-edited": Case(
+        ("plot", "{tmp}/rd", "--out", "{tmp}/out"),
+        ("metrics.jsonl does not begin with the 2 lines its checkpoint.pt holds (edited or lost after the run",),
+        setup="stopped_run_lines_edited",
+    ),
     "report-target-nan": Case(("report", "{tmp}", "--target", "nan"), ("--target nan", "(0, 1]")),
     "report-target-above-one": Case(("report", "{tmp}", "--target", "2"), ("--target 2.0",)),
     "report-target-text": Case(("report", "{tmp}", "--target", "high"), ("--target", "invalid float")),
@@ -735,7 +982,11 @@ CASES: dict[str, Case] = {
     ),  # fmt: skip
     "report-vs-dash": Case(("report", "{tmp}", "--vs", "-x"), ("argument --vs: expected one argument", "--vs=VALUE")),
     "report-out-theirs": Case(
-        ("report", "{tmp}/rd", "--out", "{tmp}"), ("is not fedsim's", "give another --out"), setup="finished_run"
+        ("report", "{tmp}/rd", "--out", "{tmp}"),
+        ("--out {tmp} is not fedsim's: fedsim writes only into a new or empty directory or one of its own results, "
+         "run, sweep or local continuation directories (marked .fedsim) or one holding only such directories; give "
+         "another --out, or empty that directory",),
+        setup="finished_run",
     ),  # fmt: skip
     "report-dir-theirs": Case(("report", "{tmp}"), ("--out", "is not fedsim's"), setup="finished_run"),
     # --- a run record of another version, or one its files disagree with
@@ -801,8 +1052,15 @@ CASES: dict[str, Case] = {
         ("plot", "{tmp}/rd", "{tmp}/rd"), ("--out . is not fedsim's",), setup="finished_run"
     ),  # fmt: skip
     "plot-out-a-file": Case(
-        ("plot", "{tmp}/rd", "--out", "{tmp}/afile"), ("--out", "is a file"), setup="finished_run_and_file"
+        ("plot", "{tmp}/rd", "--out", "{tmp}/afile"),
+        ("--out: {tmp}/afile is a file, not a directory; give another --out",),
+        setup="finished_run_and_file",
     ),  # fmt: skip
+    "report-out-a-compose-project": Case(
+        ("report", "{tmp}/rd", "--out", "{tmp}/project"),
+        ("--out {tmp}/project is a fedsim compose project, not a results, run, sweep or local continuation:",),
+        setup="finished_run_and_compose_project",
+    ),
     # --- fedsim compose
     "compose-nodes-zero": Case(
         ("compose", "{cfg}", "--nodes", "0", "--out", "{tmp}/c"), ("--nodes 0: train.num_clients",)
@@ -828,6 +1086,34 @@ CASES: dict[str, Case] = {
         setup="their_directory",
     ),
     "compose-no-data-root": Case(("compose", "{cfg}", "--out", "{tmp}/c", "--set", "data.root="), ("data.root",)),
+    # a project Docker Compose could not run as fedsim meant it (tests/test_compose.py)
+    "compose-nodes-above-bound": Case(
+        ("compose", "{cfg}", "--nodes", "1001", "--out", "{tmp}/p"),
+        ("--nodes 1001: fedsim compose writes one SuperNode container per client, at most 1,000 (one Docker "
+         "network); run more clients with fedsim run",),
+    ),  # fmt: skip
+    "compose-host-not-a-name": Case(
+        ("compose", "{cfg}", "--out", "{tmp}/p", "--set", "deploy.tls=true", "--superlink-host=a b"),
+        ("--superlink-host 'a b': give a DNS name (dot-separated labels of 1 to 63 letters, digits, '-' or '_', none "
+         "starting or ending with '-', not digits and dots only; at most 253 characters) or an IP address, e.g. "
+         "superlink, server.example.org, 10.0.0.5",),
+    ),  # fmt: skip
+    "compose-memory-below-a-gibibyte": Case(
+        ("compose", "{cfg}", "--out", "{tmp}/p", "--node-memory", "1023m"),
+        ("--node-memory '1023m': from 1g (a SuperNode's warm ClientApp process alone holds torch, Flower and fedsim, "
+         "about 750 MB) to 1024g (1 TiB) per SuperNode, e.g. 4g, 1536m",),
+    ),  # fmt: skip
+    "compose-data-unmountable": Case(
+        ("compose", "{cfg}", "--out", "{tmp}/p", "--set", "data.root={tmp}/a}b/mnist_small.npz"),
+        ("data.root: Compose cannot mount '{tmp}/a}b', a path holding '}'; move or link the data to a directory "
+         "whose path has no $ or } or :",),
+        setup="data_in_a_brace",
+    ),  # fmt: skip
+    "compose-out-with-a-colon": Case(
+        ("compose", "{cfg}", "--out", "{tmp}/a:b"),
+        ("--out: Compose cannot mount '{tmp}/a:b', a path holding ':'; write the project to a directory whose path "
+         "has no :",),
+    ),  # fmt: skip
     # --- fedsim deploy
     "deploy-vmap": Case(("deploy", "{cfg}", "--set", "simulation.vmap_clients=2"), ("each SuperNode trains",)),
     "deploy-supernode-auth-without-tls": Case(
@@ -910,6 +1196,22 @@ def _a_file(tmp: Path) -> None:
 def _their_directory(tmp: Path) -> None:
     (tmp / "theirs").mkdir()
     (tmp / "theirs" / "compose.yaml").write_text("services: {mine: {image: busybox}}\n")
+
+
+def _symlink_loop(tmp: Path) -> None:
+    (tmp / "loop").symlink_to(tmp / "loop")
+
+
+def _compose_project(tmp: Path) -> None:
+    (tmp / "project").mkdir()
+    (tmp / "project" / ".fedsim").write_text("compose project\n")
+
+
+def _data_in_a_brace(tmp: Path) -> None:
+    from tests.conftest import MNIST_SMALL
+
+    (tmp / "a}b").mkdir()
+    (tmp / "a}b" / "mnist_small.npz").symlink_to(MNIST_SMALL)
 
 
 def _plugins(tmp: Path) -> None:
@@ -1106,20 +1408,45 @@ def _huge_config(tmp: Path) -> None:
         f.truncate(50_000_000)
 
 
+def _python_tag(tmp: Path) -> None:
+    _write(tmp, "tagged.yaml", f"seed: !!python/object/apply:os.system ['touch {tmp}/pwned']\n")
+
+
+def _custom_tag(tmp: Path) -> None:
+    _write(tmp, "tagged.yaml", "seed: !custom 1\n")
+
+
+def _merge_of_a_scalar(tmp: Path) -> None:
+    _write(tmp, "tagged.yaml", "train:\n  <<: 5\n")
+
+
+def _merge_key_twice(tmp: Path) -> None:
+    text = (tmp / "cfg.yaml").read_text()
+    assert "\neval:\n  every: 2\n" in text
+    merged = "\neval:\n  every: 1\n  <<: {every: 2, every: 3}\n"
+    _write(tmp, "merge.yaml", text.replace("\neval:\n  every: 2\n", merged))
+
+
 def _broken_config(tmp: Path) -> None:
     _write(tmp, "broken.yaml", "train: {rounds: 2\n")
 
 
-def _run_dir(tmp: Path) -> Path:
+def _run_dir(tmp: Path, rounds: int = 2, every: int = 1, **output: Any) -> Path:
     """A run directory as a short run leaves it: config, partition table, metrics, summary."""
     run_dir = tmp / "rd"
-    cfg = small_config(tmp, train={"rounds": 2}, eval={"every": 1}, output={"run_dir": str(run_dir)})
+    output = {"run_dir": str(run_dir), **output}
+    cfg = small_config(tmp, train={"rounds": rounds}, eval={"every": every}, output=output)
     assert main(["run", str(write_config(tmp, cfg, "rd.yaml"))]) == 0
     return run_dir
 
 
 def _finished_run(tmp: Path) -> None:
     _run_dir(tmp)
+
+
+def _finished_run_and_compose_project(tmp: Path) -> None:
+    _run_dir(tmp)
+    _compose_project(tmp)
 
 
 def _finished_run_and_file(tmp: Path) -> None:
@@ -1193,6 +1520,33 @@ def _resumable_run_checkpoint_unversioned(tmp: Path) -> None:
     torch.save(unversioned, path)
 
 
+def _stopped_scaffold_run(tmp: Path) -> Path:
+    """A SCAFFOLD run stopped in round 5 (a client failed) after its checkpoints of rounds 2 and 4: its clients'
+    state files of both rounds are there."""
+    run_dir = tmp / "rd"
+    strategy = {"name": "tests.plugins.flaky_scaffold:FlakyScaffold", "fail_round": 5, "when": "before"}
+    train = {"rounds": 6, "on_client_failure": "fail"}
+    cfg = small_config(tmp, strategy=strategy, train=train, output={"run_dir": str(run_dir), "checkpoint_every": 2})
+    assert main(["run", str(write_config(tmp, cfg, "rd.yaml"))]) == 2
+    return run_dir
+
+
+def _client_state_damaged(tmp: Path) -> None:
+    states = _stopped_scaffold_run(tmp) / "client_state"
+    shutil.rmtree(states / "partition-0")
+    (states / "partition-1" / "round-4.bin").unlink()
+    shutil.copy(states / "partition-3" / "round-4.bin", states / "partition-2" / "round-4.bin")  # another's state
+    own = states / "partition-3" / "round-4.bin"
+    own.write_bytes(own.read_bytes()[: own.stat().st_size // 2])  # cut short: no longer decodes
+
+
+def _client_state_unrecorded(tmp: Path) -> None:
+    from fedsim.record.checkpoint import CLIENT_STATE_RECORD
+    from tests.test_resume_client_state import as_version_1
+
+    as_version_1(_stopped_scaffold_run(tmp), CLIENT_STATE_RECORD)
+
+
 def _another_layout_run(tmp: Path) -> None:
     """A finished run's files, and a checkpoint, beside a config.yaml of a layout fedsim does not read."""
     run_dir = _run_dir(tmp)
@@ -1258,6 +1612,73 @@ def _metrics_round_beyond(tmp: Path) -> None:
 
 def _metrics_key_twice(tmp: Path) -> None:
     _last_metrics_line(tmp, '{"round": 2, "round": 1}')  # the last won
+
+
+def _metrics_round_not_evaluated(tmp: Path) -> None:
+    path = _run_dir(tmp, rounds=3, every=2) / "metrics.jsonl"  # lines of rounds 2 and 3
+    first, last = path.read_text().splitlines()
+    path.write_text(json.dumps({**json.loads(first), "round": 1}) + "\n" + last + "\n")
+
+
+def _summary_forged(tmp: Path) -> None:
+    """A summary edited, its own checksum made again to match: held to the metrics lines."""
+    from fedsim.record.manifest import summary_checksum
+
+    path = _run_dir(tmp) / "summary.json"
+    summary = {**json.loads(path.read_text()), "final_client_mean_acc": 0.99}
+    path.write_text(json.dumps({**summary, "summary_sha256": summary_checksum(summary)}))
+
+
+def _summary_edited(tmp: Path) -> None:
+    path = _run_dir(tmp) / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "final_client_mean_acc": 0.99}))
+
+
+def _summary_rounds(tmp: Path) -> None:
+    path = _run_dir(tmp) / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "rounds": 1}))
+
+
+def _config_missing(tmp: Path) -> None:
+    (_run_dir(tmp) / "config.yaml").unlink()
+
+
+def _partition_edited(tmp: Path) -> None:
+    """A count of partition.csv changed, its size kept."""
+    path = _run_dir(tmp) / "partition.csv"
+    rows = [line.split(",") for line in path.read_text().splitlines()]
+    rows[1][2] = rows[1][2][:-1] + str((int(rows[1][2][-1]) + 1) % 10)
+    path.write_text("".join(",".join(row) + "\n" for row in rows))
+
+
+def _seeds_of_other_data(tmp: Path) -> None:
+    from tests.conftest import MNIST_SMALL
+
+    arrays = dict(np.load(MNIST_SMALL))
+    for seed in (0, 1):
+        if seed == 1:  # the same path, other data: the training labels rotated
+            arrays["y_train"] = (arrays["y_train"] + 1) % 10
+        np.savez(tmp / "mnist.npz", **arrays)
+        output = {"run_dir": str(tmp / "runs" / f"s{seed}")}
+        cfg = small_config(tmp, seed=seed, train={"rounds": 1}, data={"root": str(tmp / "mnist.npz")}, output=output)
+        assert main(["run", str(write_config(tmp, cfg, f"s{seed}.yaml"))]) == 0
+
+
+def _stopped_run_config_edited(tmp: Path) -> None:
+    _killed_run(tmp)
+    config = tmp / "rd" / "config.yaml"
+    assert "lr: 0.05" in config.read_text()
+    config.write_text(config.read_text().replace("lr: 0.05", "lr: 0.5"))
+
+
+def _stopped_run_lines_edited(tmp: Path) -> None:
+    """A run stopped after its last checkpoint and before its progress.json, a line the checkpoint holds edited."""
+    run_dir = _run_dir(tmp, checkpoint_every=2)
+    (run_dir / "summary.json").unlink()
+    (run_dir / "progress.json").unlink()
+    first, last = (run_dir / "metrics.jsonl").read_text().splitlines()
+    edited = json.dumps({**json.loads(first), "client_mean_acc": 0.99})
+    (run_dir / "metrics.jsonl").write_text(edited + "\n" + last + "\n")
 
 
 def _run_copied(tmp: Path) -> None:
@@ -1436,7 +1857,7 @@ def test_bad_input_gets_one_clear_line(
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fedsim: error: "), err
     assert "Traceback" not in err
-    for fragment in case.expect:
+    for fragment in (f.replace("{tmp}", str(tmp_path)) for f in case.expect):
         assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
     if not case.creates:  # checked before anything ran: nothing new on disk but Python's own caches
         made = {p for p in tmp_path.rglob("*") if "__pycache__" not in p.parts} - before

@@ -41,11 +41,9 @@ def test_centralised_with_many_clients_is_one_line_before_training(
 ) -> None:
     cfg = centralised(tmp_path)  # train.num_clients: 4
     assert main(["run", str(write_config(tmp_path, cfg))]) == 2
-    err = capsys.readouterr().err
-    assert err.strip().splitlines() == [
-        "fedsim: error: partition 'centralised' puts the whole training set on one client: "
-        "train.num_clients must be 1, got 4"
-    ]
+    err = capsys.readouterr().err.strip().splitlines()  # the partition, the field and its value (wording: the corpus)
+    assert len(err) == 1 and err[0].startswith("fedsim: error: partition 'centralised'"), err
+    assert "train.num_clients" in err[0] and "got 4" in err[0], err
     assert not list((tmp_path / "runs").rglob("metrics.jsonl"))
 
 
@@ -53,5 +51,5 @@ def test_a_sweep_cell_with_many_clients_fails_at_plan(tmp_path: Path) -> None:
     write_config(tmp_path, small_config(tmp_path), "base.yaml")
     sweep = {"base": "base.yaml", "grid": {"partition": [{"name": "iid"}, {"name": "centralised"}]}}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(sweep))
-    with pytest.raises(ConfigError, match=r"sweep cell partition=centralised: .*train\.num_clients must be 1, got 4"):
+    with pytest.raises(ConfigError, match=r"sweep cell partition=centralised\b.*train\.num_clients\b.*\bgot 4\b"):
         plan(tmp_path / "s.yaml")  # before the iid cell, or any, has run

@@ -21,7 +21,7 @@ from fedsim.config_file import parse_config
 from fedsim.engines.runner import run
 from fedsim.ports import free_port
 from fedsim.record.checkpoint import Checkpoint
-from tests.conftest import REPO, small_config, write_config
+from tests.conftest import REPO, ip_command, small_config, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -296,12 +296,6 @@ def test_killed_supernode_is_skipped_or_stops_the_run(tmp_path: Path) -> None:
 # --- several hosts: SuperNodes in a network namespace of their own, TLS and SuperNode auth ------------
 
 
-def _ip(*args: str) -> None:
-    res = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise PermissionError(f"ip {' '.join(args)}: {res.stderr.strip()}")
-
-
 @pytest.fixture
 def nodes_namespace() -> tuple[str, str, str]:
     """A namespace ``nodes`` joined to this one by a veth pair on a private /24 of our own:
@@ -310,17 +304,17 @@ def nodes_namespace() -> tuple[str, str, str]:
     ns, here, there = f"fsim{tag}", f"fsa{tag}", f"fsb{tag}"
     subnet = f"10.231.{tag % 250}"
     try:
-        _ip("netns", "add", ns)
+        ip_command("netns", "add", ns)
     except (PermissionError, FileNotFoundError) as err:
         pytest.skip(f"this machine forbids network namespaces ({err}): the multi-host test needs them")
     try:
-        _ip("link", "add", here, "type", "veth", "peer", "name", there)
-        _ip("link", "set", there, "netns", ns)
-        _ip("addr", "add", f"{subnet}.1/24", "dev", here)
-        _ip("link", "set", here, "up")
-        _ip("netns", "exec", ns, "ip", "addr", "add", f"{subnet}.2/24", "dev", there)
-        _ip("netns", "exec", ns, "ip", "link", "set", there, "up")
-        _ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        ip_command("link", "add", here, "type", "veth", "peer", "name", there)
+        ip_command("link", "set", there, "netns", ns)
+        ip_command("addr", "add", f"{subnet}.1/24", "dev", here)
+        ip_command("link", "set", here, "up")
+        ip_command("netns", "exec", ns, "ip", "addr", "add", f"{subnet}.2/24", "dev", there)
+        ip_command("netns", "exec", ns, "ip", "link", "set", there, "up")
+        ip_command("netns", "exec", ns, "ip", "link", "set", "lo", "up")
         yield ns, f"{subnet}.1", here
     finally:
         subprocess.run(["ip", "link", "del", here], capture_output=True)

@@ -116,11 +116,10 @@ def test_two_two_three_disjoint_classes_per_domain(tree: Path, tmp_path: Path) -
 
 def test_partition_errors_name_what_to_change(tree: Path, tmp_path: Path) -> None:
     ds = load(tree, tmp_path / "cache")
-    with pytest.raises(DataError, match=r"4 domains \(art_painting, .*\) x clients_per_domain 3 = 12 clients, "
-                                        r"but train.num_clients is 10"):  # fmt: skip
+    with pytest.raises(DataError, match=r"\b4 domains\b.*\bclients_per_domain 3\b.*\b12\b.*num_clients\b.*\b10\b"):
         split(ds, 10, clients_per_domain=3)
     cls = PARTITIONERS.get("domains")
-    with pytest.raises(DataError, match="needs a dataset that records each image's domain: data.dataset: pacs"):
+    with pytest.raises(DataError, match=r"\bdata\.dataset\b.*\bpacs\b"):  # wording: tests/test_bad_inputs.py
         cls(cls.Params()).split(Labels(np.zeros(8, np.int64), np.zeros(2, np.int64), 2), 2, np.random.default_rng(0))
 
 
@@ -143,4 +142,4 @@ def test_domains_partition_on_a_dataset_without_domains_is_one_line(
     cfg = {**small_config(tmp_path, data={"root": str(MNIST_SMALL)}), "partition": {"name": "domains"}}
     assert main(["run", str(write_config(tmp_path, cfg))]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "partition 'domains' needs a dataset that records each image's domain" in err[0]
+    assert len(err) == 1 and err[0].startswith("fedsim: error: partition 'domains'") and "data.dataset" in err[0], err

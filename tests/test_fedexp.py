@@ -5,7 +5,6 @@ a checkpoint, and its options' ranges."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +140,7 @@ def test_the_round_loop_checks_the_scored_model_and_passes_other_strategies_thro
     plain = CheckedStrategy(server("fedavg", 2, set(PARAMS)), "fedavg", model, 10.0)
     assert plain.scored_arrays(model) is model
     broken = CheckedStrategy(BrokenScore(), "mine:BrokenScore", model, 10.0)  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match=r"BrokenScore\.scored_arrays returned 3 of the model's 4 tensors"):
+    with pytest.raises(ConfigError, match=r"BrokenScore\.scored_arrays\b.*\b3\b.*\b4 tensors\b"):
         broken.scored_arrays(model)
 
 
@@ -199,17 +198,18 @@ def test_a_run_scores_and_saves_the_average_of_the_last_two_models(
 
 
 @pytest.mark.parametrize(
-    ("options", "message"),
+    ("options", "named"),
     [
-        ({"epsilon": 0}, "strategy.epsilon = 0 for strategy 'fedexp': Input should be greater than 0"),
-        ({"epsilon": -1e-3}, "strategy.epsilon = -0.001"),
-        ({"epsilon": float("nan")}, "option epsilon = nan is not a finite number"),
-        ({"evaluate": "best"}, "strategy.evaluate = 'best' for strategy 'fedexp': Input should be 'average' or 'last'"),
-        ({"eta_g": 2.0}, "eta_g"),  # FedExP's η_g is computed, not an option
+        ({"epsilon": 0}, r"strategy\.epsilon = 0\b.*'fedexp'"),
+        ({"epsilon": -1e-3}, r"strategy\.epsilon = -0\.001\b"),
+        ({"epsilon": float("nan")}, r"\bepsilon = nan\b"),
+        ({"evaluate": "best"}, r"strategy\.evaluate = 'best'.*'average'.*'last'"),
+        ({"eta_g": 2.0}, r"\beta_g\b"),  # FedExP's η_g is computed, not an option
     ],
 )
-def test_bad_options_are_refused_naming_the_field(tmp_path: Path, options: dict[str, Any], message: str) -> None:
-    with pytest.raises(ConfigError, match=re.escape(message)):
+def test_bad_options_are_refused_naming_the_field(tmp_path: Path, options: dict[str, Any], named: str) -> None:
+    """The field, its value and what is allowed (the wording: tests/test_bad_inputs.py)."""
+    with pytest.raises(ConfigError, match=named):
         resolve(parse_config(small_config(tmp_path, strategy={"name": "fedexp", **options})))
 
 

@@ -23,6 +23,7 @@ import pytest
 from fedsim.config_file import parse_config
 from fedsim.engines.runner import run
 from fedsim.record.checkpoint import Checkpoint
+from fedsim.record.reader import read_workers
 from tests.conftest import REPO, small_config, write_config
 from tests.plugins.dying_worker import WORKER_END
 
@@ -168,6 +169,10 @@ def test_a_pool_worker_silent_past_the_round_timeout_is_a_missing_reply_and_is_r
         err,
     ), err[-3000:]
     hung = int((pids / "1.pid").read_text())
+    first, new = [w for w in read_workers(tmp_path / "run") if 1 in w["clients"]]
+    assert (first["pid"], first["replaces"]) == (hung, None)
+    assert new["replaces"] == "their Ray worker sent no reply within train.round_timeout_s = 30 s"
+    assert new["actor"] == first["actor"] and new["pid"] != hung
     deadline = time.monotonic() + 60
     while _alive(hung) and time.monotonic() < deadline:  # stopped, not left to sleep out its hour
         time.sleep(0.2)

@@ -72,14 +72,16 @@ def node_pids(group: int, temp_dir: Path) -> list[int]:
     return sorted(pids)
 
 
-@pytest.fixture(scope="module")
-def ray_head() -> Iterator[Head]:
+@contextlib.contextmanager
+def started_head(num_cpus: int, num_gpus: int) -> Iterator[Head]:
+    """A Ray head on this machine declaring ``num_cpus`` CPUs and ``num_gpus`` GPUs (whether it has them or not),
+    in a temp dir and on ports of its own; stopped with every process of its node."""
     temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # Ray's socket paths must stay < 108 bytes
     port, client_port = free_ports(["127.0.0.1"] * 2)  # not Ray's fixed defaults: other clusters may hold them
     env = {**os.environ, **OFFLINE_ENV, "FLWR_HOME": str(temp_dir / "flwr")}  # the workers' environment
     log = temp_dir / "head.log"
     args = ["start", "--head", "--block", f"--port={port}", f"--ray-client-server-port={client_port}"]
-    args += ["--num-cpus=2", "--num-gpus=0", f"--temp-dir={temp_dir}", "--disable-usage-stats"]
+    args += [f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}", f"--temp-dir={temp_dir}", "--disable-usage-stats"]
     args += ["--include-dashboard=false"]
     with log.open("wb") as out:
         head = subprocess.Popen(
@@ -94,6 +96,12 @@ def ray_head() -> Iterator[Head]:
         yield Head(f"127.0.0.1:{port}", temp_dir)
     finally:
         stop_node(head, temp_dir)
+
+
+@pytest.fixture(scope="module")
+def ray_head() -> Iterator[Head]:
+    with started_head(num_cpus=2, num_gpus=0) as head:
+        yield head
 
 
 def stop_node(head: subprocess.Popen[bytes], temp_dir: Path) -> None:

@@ -21,6 +21,7 @@ from fedsim.record.layout import (
     RESUME_CLEARS,
     SUMMARY,
     TRACKED,
+    WORKERS,
 )  # fmt: skip
 
 
@@ -47,4 +48,4 @@ def test_a_run_directory_is_one_holding_a_record_file_and_only_files_are() -> No
 
 def test_what_a_run_writes_before_it_records_anything_records_nothing() -> None:
     # a failed run holding only these is taken back (fedsim.record.claim.take_back): none is a metric or a model
-    assert set(EARLY) == {CONFIG, PARTITION, PROGRESS, "tb", LOCK, MARKER}
+    assert set(EARLY) == {CONFIG, PARTITION, PROGRESS, WORKERS, "tb", LOCK, MARKER}

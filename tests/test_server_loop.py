@@ -272,9 +272,9 @@ def test_a_resumed_loop_runs_from_the_round_it_is_given_to_the_last(make_loop: C
 # how each kind of failure is set up, which client it hits, and how the loop names it
 FAILURES = {
     "raised": ({"strategy": {"name": FLAKY, "fail_partition": 1, "fail_from": 1}}, 1,
-               "client 1: RuntimeError: injected failure of partition 1 in round 1"),
-    "silent": ({"silent": [2]}, 2, "client 2: no reply within train.round_timeout_s = 3600 s"),
-    "gone": ({"gone": [3]}, 3, "client 3: node 4 is no longer connected"),
+               ("client 1: ", "RuntimeError", "injected failure of partition 1 in round 1")),
+    "silent": ({"silent": [2]}, 2, ("client 2: ", "train.round_timeout_s", "3600")),
+    "gone": ({"gone": [3]}, 3, ("client 3: ", "node 4 ")),
 }  # fmt: skip
 
 
@@ -294,13 +294,13 @@ def test_under_skip_a_failed_client_is_left_out_of_the_average_and_recorded(
 
 @pytest.mark.parametrize("kind", FAILURES)
 def test_under_fail_a_failed_client_stops_the_round_naming_it(make_loop: Callable[..., Setup], kind: str) -> None:
-    setup, _, why = FAILURES[kind]
+    setup, _, named = FAILURES[kind]
     s = make_loop(train={"on_client_failure": "fail"}, **setup)
     with pytest.raises(TrainingError) as err:
         s.loop.train(1, s.arrays)
-    message = str(err.value)  # a raised error also says where: (at flaky_client.py:16 in begin_round)
-    assert message.startswith(f"round 1, training: {why}")
-    assert message.endswith(" (train.on_client_failure: skip goes on without them)") and "\n" not in message
+    message = str(err.value)  # the round, the client and why, and the policy that goes on (wording: the corpus)
+    assert re.match(r"round 1\b.*\btraining\b", message) and all(n in message for n in named), message
+    assert "train.on_client_failure" in message and "\n" not in message
 
 
 @pytest.mark.parametrize("policy", ["skip", "fail"])
@@ -309,7 +309,7 @@ def test_a_client_silent_in_evaluation_is_left_out_or_stops_the_run(
 ) -> None:
     s = make_loop(silent=[0, 2], train={"on_client_failure": policy})
     if policy == "fail":
-        with pytest.raises(TrainingError, match=r"^round 3, evaluation: clients 0, 2: no reply within"):
+        with pytest.raises(TrainingError, match=r"^round 3\b.*\bevaluation\b.*\bclients 0, 2\b.*round_timeout_s"):
             s.loop.evaluate(3, s.arrays)
         return
     scores = s.loop.evaluate(3, s.arrays)
@@ -318,7 +318,7 @@ def test_a_client_silent_in_evaluation_is_left_out_or_stops_the_run(
 
 def test_a_round_without_a_usable_reply_stops_the_run_under_skip_too(make_loop: Callable[..., Setup]) -> None:
     s = make_loop(silent=[0, 1, 2, 3], train={"on_client_failure": "skip"})
-    with pytest.raises(TrainingError, match=r"^round 1, training: no client sent a usable reply"):
+    with pytest.raises(TrainingError, match=r"^round 1\b.*\btraining\b"):  # wording: the corpus
         s.loop.train(1, s.arrays)
     assert s.reporter.pending_failures == {1: [0, 1, 2, 3]}
 
@@ -330,8 +330,7 @@ def test_a_strategy_that_configures_no_message_for_a_sampled_client_is_refused(
     half = {"name": "flwr.serverapp.strategy:FedAvg", "fraction_train": 0.5, "min_train_nodes": 1,
             "min_available_nodes": 1, "min_evaluate_nodes": 1}  # fmt: skip
     s = make_loop(strategy=half)
-    with pytest.raises(ConfigError, match=r"^round 1, training: the strategy \(FedAvg\) configured no message for "
-                                          r"clients \[\d, \d\]; fedsim samples the clients"):  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^round 1\b.*\btraining\b.*\(FedAvg\).*\bclients \[\d, \d\]"):
         s.loop.train(1, s.arrays)
     assert s.log.partitions(wire.TRAIN, 1) == []  # refused before anything was sent
 
@@ -339,9 +338,9 @@ def test_a_strategy_that_configures_no_message_for_a_sampled_client_is_refused(
 @pytest.mark.parametrize(
     ("setup", "why"),
     [
-        ({"strategy": {"name": DIVERGING, "round": 1, "client": 2}}, r"client 2: training loss is inf$"),
+        ({"strategy": {"name": DIVERGING, "round": 1, "client": 2}}, r"\bclient 2\b.*\binf$"),
         ({"strategy": {"name": DIVERGING, "round": 1, "client": 2, "where": "weights"}},
-         r"client 2: non-finite weights in classifier\.weight$"),
+         r"\bclient 2\b.*\bclassifier\.weight$"),
     ],
 )  # fmt: skip
 def test_a_diverged_round_stops_the_run_naming_the_client(
@@ -350,7 +349,7 @@ def test_a_diverged_round_stops_the_run_naming_the_client(
     s = make_loop(train={"on_client_failure": "skip"}, **setup)  # a divergence stops the run whatever the policy
     with pytest.raises(TrainingError) as err:
         s.loop.train(1, s.arrays)
-    assert re.match(f"training diverged in round 1: {why}", str(err.value)), str(err.value)
+    assert re.search(rf"\bround 1\b.*{why}", str(err.value)), str(err.value)  # wording: the corpus
 
 
 def test_a_training_loss_above_max_loss_is_a_divergence_naming_each_such_client(
@@ -362,8 +361,10 @@ def test_a_training_loss_above_max_loss_is_a_divergence_naming_each_such_client(
     losses = {wire.partition_of(r): float(r.content[wire.METRICS][wire.TRAIN_LOSS]) for r in train_replies(s, range(4))}
     above = [p for p, loss in sorted(losses.items()) if loss > 2.0]
     assert 0 < len(above) < 4  # clients 0 and 1 (2.128, 2.207) of seed 0, not 2 and 3 (1.88, 1.926)
-    named = "; ".join(f"client {p}: training loss {losses[p]:.4g} is above train.max_loss = 2" for p in above)
-    assert str(err.value) == f"training diverged in round 1: {named}"
+    message = str(err.value)  # each such client, its loss and the bound (wording: the corpus)
+    assert re.search(r"\bround 1\b", message) and "train.max_loss" in message and "\n" not in message, message
+    assert [p for p in range(4) if f"client {p}: " in message] == above, message
+    assert all(f"{losses[p]:.4g}" in message for p in above), message
 
 
 def test_flower_logs_are_quiet_inside_and_as_they_were_after_even_on_an_error() -> None:
@@ -438,9 +439,8 @@ def test_a_run_stopped_in_a_round_says_in_one_line_where_it_stands_on_disk(tmp_p
     level = logger.level
     with pytest.raises(TrainingError) as err:
         serve(raw)
-    assert str(err.value) == (
-        f"training diverged in round 3: client 1: training loss is inf; the last good checkpoint (round 2) is in "
-        f"{run_dir}; the metrics so far are in {run_dir}"
-    )
+    message = str(err.value)  # the round, the client, and the checkpoint's round and place (wording: the corpus)
+    assert re.search(r"\bround 3\b.*\bclient 1\b", message) and "\n" not in message, message
+    assert re.search(rf"\bround 2\b.*{re.escape(str(run_dir))}\b", message), message
     assert logger.level == level
     assert Checkpoint.load(run_dir).round == 2 and not (run_dir / "summary.json").exists()

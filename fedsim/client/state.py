@@ -19,6 +19,7 @@ from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.common.serde import ProtoRecordDict, recorddict_from_proto, recorddict_to_proto
+from google.protobuf.message import DecodeError
 
 from fedsim import wire
 from fedsim.client.pending import replace_state, settle
@@ -91,7 +92,11 @@ def load_client_state(directory: Path, upto: int) -> LoadedState:
     if not rounds:
         return LoadedState(RecordDict(), 0, "")
     data = read_bytes(directory / f"round-{rounds[-1]}.bin", "a client's saved state", STATE_BYTES, FedsimError)
-    return LoadedState(decode(data), rounds[-1], hashlib.sha256(data).hexdigest())
+    try:
+        state = decode(data)
+    except DecodeError:  # changed since written: the server, comparing its SHA-256 with the checkpoint's, names it
+        state = RecordDict()
+    return LoadedState(state, rounds[-1], hashlib.sha256(data).hexdigest())
 
 
 def state_query(msg: Message, context: Context) -> ConfigRecord:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from fedsim.experiment.resolve import Experiment
+from fedsim.record.paths import default_run_dir
 
 
 def run_with_engine(experiment: Experiment, resume: bool = False) -> dict[str, Any]:
@@ -21,7 +23,8 @@ def run_with_engine(experiment: Experiment, resume: bool = False) -> dict[str, A
     if cfg.simulation.backend == "ray":
         from fedsim.engines.ray_pool import RayPoolExecutor
 
-        executor: Any = RayPoolExecutor(cfg.simulation, run_id=1, num_partitions=cfg.train.num_clients)
+        run_dir = Path(cfg.output.run_dir or default_run_dir(cfg))
+        executor: Any = RayPoolExecutor(cfg.simulation, 1, cfg.train.num_clients, run_dir)
     else:
         sim = cfg.simulation
         executor = InlineExecutor(app, 1, cfg.train.num_clients, sim.state_memory_mb)

@@ -10,14 +10,24 @@ the round's timeout answers none. Either way the round loop applies ``train.on_c
 clients, and the worker is stopped and replaced by a fresh one before its next batch: its clients' state
 (``Context.state``) went with it, so theirs starts empty again, as a client's that never trained (a warning
 says so once).
+
+Each worker, as it starts, says where Ray placed it (its node, the GPUs Ray assigned it, the
+``CUDA_VISIBLE_DEVICES`` Ray set, the device torch computes on); the pool appends that to the run's
+``workers.jsonl`` (:class:`fedsim.record.schemas.WorkerRecord`), a replacement's line naming how the worker it
+took over from was lost.
 """
 
 from __future__ import annotations
 
+import os
+import time
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import ray
+import torch
 from flwr.app import Message
 from ray import ObjectRef
 from ray.actor import ActorHandle
@@ -29,6 +39,7 @@ from fedsim.engines.local import deliver, node_id_of, node_states
 from fedsim.engines.lost_workers import how_lost
 from fedsim.engines.ray_cluster import init_ray
 from fedsim.errors import ConfigError, FedsimWarning
+from fedsim.record.writer import append_workers
 
 START_S = 600.0  # a new worker's time to start, as discovery (fedsim.server.discovery) gives every node
 
@@ -46,6 +57,19 @@ class _Worker:
 
     def execute(self, messages: list[Message]) -> list[Message]:
         return deliver(self.app, messages, self.nodes)
+
+    def placement(self, device: str) -> dict[str, Any]:
+        """Where Ray placed this worker, from Ray's view inside it, and the torch device (``simulation.device``)
+        its clients compute on."""
+        on = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device(device)
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "pid": os.getpid(),
+            "gpu_ids": ray.get_gpu_ids(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "device": str(on),
+        }
 
     def close(self) -> None:
         self.nodes.close()
@@ -79,7 +103,9 @@ def pool_size(sim: SimulationConfig, num_clients: int) -> int:
 
 
 class RayPoolExecutor:
-    def __init__(self, sim: SimulationConfig, run_id: int, num_partitions: int) -> None:
+    def __init__(self, sim: SimulationConfig, run_id: int, num_partitions: int, run_dir: Path) -> None:
+        self._device, self._run_dir = sim.device, run_dir
+        self._placing: list[tuple[ObjectRef, dict[str, Any]]] = []  # workers' placements, workers.jsonl's lines
         self._owns_ray = init_ray(sim)
         try:
             size = pool_size(sim, num_partitions)
@@ -97,9 +123,32 @@ class RayPoolExecutor:
         self.starting = set(range(size))  # actors whose first batch is still to come
         self._nodes = [node_id_of(p) for p in range(num_partitions)]
 
-    def _start(self, a: int) -> ActorHandle:
+    def _start(self, a: int, replaces: str | None = None) -> ActorHandle:
+        """A worker for actor ``a``, asked where it was placed (answered before its first batch runs);
+        ``replaces``: how the worker it takes over from was lost."""
         run_id, num_partitions, memory = self._args
-        return self._actor.remote(run_id, self.partitions[a], num_partitions, memory)
+        actor = self._actor.remote(run_id, self.partitions[a], num_partitions, memory)
+        line = {"actor": a, "clients": self.partitions[a], "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "replaces": replaces}  # fmt: skip
+        self._placing.append((actor.placement.remote(self._device), line))
+        return actor
+
+    def _record_placements(self) -> None:
+        """Append to ``workers.jsonl`` the workers that have said where they were placed since the last call. One
+        that died before it said so has no line; its replacement's names how it was lost."""
+        if not self._placing:
+            return
+        ready = set(ray.wait([ref for ref, _ in self._placing], num_returns=len(self._placing), timeout=0)[0])
+        placed = []
+        for ref, line in self._placing:
+            if ref in ready:
+                try:
+                    placed.append({**line, **ray.get(ref)})
+                except RayError:  # died first: _lose says how, and the replacement's line
+                    pass
+        self._placing = [(ref, line) for ref, line in self._placing if ref not in ready]
+        if placed:
+            append_workers(self._run_dir, placed)
 
     def node_ids(self) -> list[int]:
         return list(self._nodes)
@@ -125,6 +174,7 @@ class RayPoolExecutor:
             except RayError as err:
                 self._lose(a, how_lost(err))
                 replies.update((i, wire.failure_reply(messages[i], self.lost[a], wire.CLIENT_APP_CRASHED)) for i in idx)
+        self._record_placements()  # a worker that served its batch answered where it was placed before it
         return [replies[i] for i in sorted(replies)]
 
     def _wait(self, futures: dict[int, ObjectRef], timeout: float | None) -> set[ObjectRef]:
@@ -145,7 +195,7 @@ class RayPoolExecutor:
 
     def _replace_lost(self) -> None:
         for a, how in sorted(self.lost.items()):
-            self.actors[a] = self._start(a)
+            self.actors[a] = self._start(a, replaces=how)
             self.starting.add(a)
             clients = ", ".join(map(str, self.partitions[a]))
             warnings.warn(
@@ -156,6 +206,7 @@ class RayPoolExecutor:
         self.lost.clear()
 
     def shutdown(self) -> None:
+        self._record_placements()
         for a in self.actors:
             try:
                 ray.get(a.close.remote(), timeout=30)  # its spilled states

@@ -17,6 +17,7 @@ MODEL = "model.pt"
 CHECKPOINT = "checkpoint.pt"
 PROGRESS = "progress.json"
 ERROR = "error.txt"
+WORKERS = "workers.jsonl"
 TENSORBOARD = "tb"
 CLIENT_STATE = "client_state"  # the nodes' state files of a checkpoint, under the run directory (by default)
 DEPLOY = "deploy"
@@ -64,6 +65,8 @@ LAYOUT = (
     Entry(PROGRESS, "the latest round and the checksums so far (JSON; Progress)", resume_clears=True, early=True,
           record=True),
     Entry(ERROR, "why the ServerApp stopped (text)", resume_clears=True),
+    Entry(WORKERS, "a line per worker of the Ray pool, its clients and where Ray placed it as the worker saw it "
+          "(JSON lines; WorkerRecord)", early=True),
     Entry(TENSORBOARD, "TensorBoard's event files", directory=True, early=True),
     Entry(CLIENT_STATE, "the nodes' state files of the last checkpoint, which records each one's size and SHA-256 "
           "(fedsim.client.state)", directory=True, resumed=True),

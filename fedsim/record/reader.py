@@ -15,8 +15,8 @@ import torch
 from fedsim.cadence import EvalCadence
 from fedsim.errors import FedsimError
 from fedsim.reading import GIB, METRICS_BYTES, SUMMARY_BYTES, parse_json_lines, read_bytes, read_json, read_text
-from fedsim.record.layout import ERROR, METRICS, PARTITION, PROGRESS, RECORD_VERSION, SUMMARY, VERSION_KEY
-from fedsim.record.schemas import Progress, RoundRecord, StepRecord, Summary
+from fedsim.record.layout import ERROR, METRICS, PARTITION, PROGRESS, RECORD_VERSION, SUMMARY, VERSION_KEY, WORKERS
+from fedsim.record.schemas import Progress, RoundRecord, StepRecord, Summary, WorkerRecord
 
 TORCH_BYTES = 64 * GIB  # a checkpoint or model fedsim wrote: far above any the paper's models make
 
@@ -83,6 +83,14 @@ def read_metrics(
         metrics_bytes(run_dir) if data is None else data, path, schema, "metrics", increasing=index,
         context={"last": last, "cadence": cadence},
     )  # fmt: skip
+
+
+def read_workers(run_dir: str | Path) -> list[dict[str, Any]]:
+    """``workers.jsonl``: every worker of the Ray pool, each where it ran (:class:`WorkerRecord`), in the order
+    they reported it; none for a run without the pool."""
+    path = Path(run_dir) / WORKERS
+    data = read_bytes(path, "workers", METRICS_BYTES, FedsimError) if path.exists() else b""
+    return parse_json_lines(data, path, WorkerRecord, "workers")
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The schemas of the JSON files a run directory holds, as strictly as fedsim writes them: a line of
 metrics.jsonl (:class:`RoundRecord`; a ``fedsim local`` continuation's, :class:`StepRecord`),
-progress.json (:class:`Progress`) and summary.json (:class:`Summary`)."""
+progress.json (:class:`Progress`), summary.json (:class:`Summary`) and a line of workers.jsonl
+(:class:`WorkerRecord`)."""
 
 from __future__ import annotations
 
@@ -167,3 +168,19 @@ class Summary(Versioned):
     @model_validator(mode="after")
     def _all_checksums(self) -> Summary:
         return _complete(self, ("files", "summary_sha256"))
+
+
+class WorkerRecord(Written):
+    """A line of ``workers.jsonl`` (:mod:`fedsim.engines.ray_pool`): a worker of the Ray pool, the clients it
+    serves, and where Ray placed it, as the worker itself saw it once started."""
+
+    actor: int = Field(ge=0)  # the pool's index of the worker: partition p is served by actor p mod the pool's size
+    clients: list[Annotated[int, Field(ge=0)]]  # the partitions it serves
+    started: str  # when the pool started it (ISO 8601, this machine's local time)
+    replaces: str | None  # how the worker it took over from was lost; None for one of the pool's first
+    node_id: str  # Ray's id of the node it ran on (ray.get_runtime_context().get_node_id())
+    node_ip: str
+    pid: int
+    gpu_ids: list[int | str]  # ray.get_gpu_ids(): the GPUs Ray assigned it
+    cuda_visible_devices: str | None  # as Ray set it in the worker's environment (None: not set)
+    device: str  # the torch device its clients compute on (simulation.device)

@@ -19,7 +19,7 @@ from fedsim.record.checkpoint import Checkpoint
 from fedsim.record.layout import CHECKPOINT, FINAL, MANIFEST, METRICS, PARTITION, PROGRESS
 from fedsim.record.manifest import FILES, SUMMARY_CHECKSUM, check_entry, summary_checksum
 from fedsim.record.reader import TORCH_BYTES, final_accuracies
-from fedsim.record.writer import metrics_line
+from fedsim.record.writer import json_line
 
 
 class LostEvaluations(FedsimWarning):
@@ -157,7 +157,7 @@ def check_against_checkpoint(path: Path, cfg: RunConfig, metrics: bytes) -> None
         kept = Checkpoint.load(path, cfg).metrics
     except ConfigError as err:  # config.yaml edited since: said of this run
         raise FedsimError(f"{path}: {err}") from err
-    if not metrics.startswith(b"".join(metrics_line(line) for line in kept)):
+    if not metrics.startswith(b"".join(json_line(line) for line in kept)):
         raise FedsimError(
             f"{path}: {METRICS} does not begin with the {lines_of(len(kept))} its {CHECKPOINT} holds (edited or "
             f"lost after the run, or another run's): {RESUME_HINT}"

@@ -29,6 +29,7 @@ from fedsim.record.layout import (
     RECORD_VERSION,
     SUMMARY,
     VERSION_KEY,
+    WORKERS,
 )
 from fedsim.record.manifest import FILES, SUMMARY_CHECKSUM, FileEntry, GrowingEntry, entry_of, summary_checksum
 from fedsim.record.paths import make_dir
@@ -43,9 +44,15 @@ def torch_bytes(value: Any) -> bytes:
     return buffer.getvalue()
 
 
-def metrics_line(record: dict[str, Any]) -> bytes:
-    """A metrics record (JSON-safe: :func:`json_safe` applied, or read back from the file) as its line."""
+def json_line(record: dict[str, Any]) -> bytes:
+    """A record of a JSON Lines file (metrics.jsonl, workers.jsonl; JSON-safe: :func:`json_safe` applied, or read
+    back from the file) as its line."""
     return (json.dumps(record, allow_nan=False) + "\n").encode()
+
+
+def append_workers(run_dir: Path, workers: list[dict[str, Any]]) -> None:
+    """Lines more of ``workers.jsonl``: workers of the Ray pool, each where it ran (:class:`WorkerRecord`)."""
+    append_file(run_dir / WORKERS, b"".join(json_line(json_safe(w)) for w in workers))
 
 
 def record_json(name: str, value: dict[str, Any]) -> bytes:
@@ -89,14 +96,14 @@ class RunDir:
         """A resumed run: the lines up to its checkpoint, dropping any the killed run wrote after it; the next
         progress.json lists them (the resume removed the killed run's, :func:`claimed`, and until then its
         checkpoint vouches for the lines: :func:`fedsim.record.verify.check_against_checkpoint`)."""
-        data = b"".join(metrics_line(r) for r in records)
+        data = b"".join(json_line(r) for r in records)
         write_file(self.path / METRICS, data)
         self.metrics = GrowingEntry(data)
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         """One line more, on disk before it counts in the entry progress.json and summary.json list."""
         record = json_safe(record)
-        data = metrics_line(record)
+        data = json_line(record)
         append_file(self.path / METRICS, data)  # no half line: the lines before it stay readable
         self.metrics.add(data)
         if self.trackers is not None:
