@@ -193,12 +193,32 @@ class TrainConfig(_Strict):
         return self
 
 
+class PersonalEvalConfig(_Strict):
+    """Personalised evaluation (docs/algorithms.md): each client's model after its method's personalisation
+    (:meth:`fedsim.strategies.hooks.ClientHooks.personalize`; the generic one: ``steps`` SGD steps from the
+    received global model), scored on the client's test split beside the global model."""
+
+    steps: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LOCAL_STEPS,
+        description="fine-tuning SGD steps on the client's training batches before it is scored (personal_acc in "
+        "metrics.jsonl); 0: the method's own personalisation without fine-tuning; null: off",
+    )
+    params: Literal["all", "classifier"] = Field(
+        "all", description="what the fine-tuning changes: every parameter (all), or the classifier alone with the "
+        "rest of the model as received, its norms' statistics included (classifier)",
+    )
+    lr: float | None = Field(None, gt=0, description="the fine-tuning's learning rate; null: train.lr")
+
+
 class EvalConfig(_Strict):
     every: int = Field(10, ge=1, description="evaluate every k rounds (and after the last)")
     batch_size: int = Field(
         500, ge=1, description="images whose loss is summed at once (the forward pass runs in chunks of 50 inside it)"
     )
     global_test: bool = Field(True, description="also evaluate the global model on the whole test set")
+    personal: PersonalEvalConfig = Field(default_factory=PersonalEvalConfig)
 
 
 class ClientResources(_Strict):

@@ -40,6 +40,7 @@ NUM_PARTITIONS = "num-partitions"  # node_config: how many partitions there are 
 TRAIN_LOSS = "train-loss"
 CORRECT = "correct"
 EVAL_LOSS = "eval-loss"
+PERSONAL_CORRECT = "personal-correct"  # eval.personal: test samples the client's personalised model got right
 
 # Message types (Flower's "train" and "evaluate", and fedsim's queries)
 TRAIN = "train"
@@ -107,6 +108,10 @@ PROTOCOL: tuple[Key, ...] = (
     Key(EVALUATE, "client → server", METRICS, NUM_EXAMPLES, "int", "the client's test samples"),
     Key(EVALUATE, "client → server", METRICS, CORRECT, "int", "test samples classified correctly"),
     Key(EVALUATE, "client → server", METRICS, EVAL_LOSS, "float", "summed test loss"),
+    Key(
+        EVALUATE, "client → server", METRICS, PERSONAL_CORRECT, "int",
+        "eval.personal on: test samples the client's personalised model classified correctly",
+    ),  # fmt: skip
     Key(EVALUATE, "client → server", METRICS, PARTITION_ID, "int", "who answered"),
     Key(SAVE_STATE, "server → client", CONFIG, STATE_ROUND, "int", "the checkpoint's round"),
     Key(SAVE_STATE, "server → client", CONFIG, STATE_KEEP, "int", "the last committed checkpoint's round"),

@@ -7,6 +7,7 @@ FedAvg; its options arrive typed, as the strategy's validated ``Params`` (``Clie
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -18,6 +19,9 @@ from fedsim.arrays import dump_arrays, load_arrays
 from fedsim.models import FedsimModel
 
 P = TypeVar("P", bound=BaseModel)
+
+# The generic fine-tuning of personalised evaluation, run on the model it is given (fedsim.client.personal)
+FineTune = Callable[[FedsimModel], None]
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,8 @@ class ClientHooks(Generic[P]):
 
     Call order per round: ``load_global`` -> ``begin_round`` -> K x (``adjust_logits``,
     ``extra_loss``, backward, ``correct_gradients``, SGD step) -> ``end_round`` -> ``reply_arrays``.
+    Per evaluation: ``load_for_eval`` (the model scored as the global one), then, with ``eval.personal`` on,
+    ``load_global`` into a copy and ``personalize`` (the model scored as the client's personalised one).
     ``state`` is the client's own persistent RecordDict (Flower's ``Context.state``): client state
     that crosses rounds lives there, never on the server.
     """
@@ -57,6 +63,17 @@ class ClientHooks(Generic[P]):
     def load_for_eval(self, model: FedsimModel, arrays: ArrayRecord, state: RecordDict) -> None:
         """The model a client is scored with: by default the one it would train from."""
         self.load_global(model, arrays, state)
+
+    def personalize(self, model: FedsimModel, state: RecordDict, fine_tune: FineTune) -> FedsimModel:
+        """The model this client is scored with under personalised evaluation (``eval.personal``).
+
+        ``model`` is a copy of the client's own, loaded as for training (:meth:`load_global`) and free to change;
+        ``fine_tune(model)`` runs the generic personalisation on it: ``eval.personal.steps`` steps of the one
+        training loop (plain cross-entropy, no hook of this strategy) on the client's training batches. A method
+        that personalises otherwise overrides this (a personal head from ``state``, a fine-tuning of its own);
+        the default is the generic fine-tuning."""
+        fine_tune(model)
+        return model
 
     def begin_round(self, model: FedsimModel, content: RecordDict, state: RecordDict, info: RoundInfo) -> None:
         """Read what the server sent beside the model (e.g. SCAFFOLD's c)."""

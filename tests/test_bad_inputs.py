@@ -119,8 +119,18 @@ CASES: dict[str, Case] = {
     "eval-batch-zero": run("eval.batch_size=0", expect=("eval.batch_size",)),
     "eval-global-not-bool": run("eval.global_test=maybe", expect=("eval.global_test", "valid boolean")),
     "eval-key-unknown": run(
-        "eval.extra=1", expect=("eval.extra: unknown key (got 1); valid keys: every, batch_size, global_test",)
+        "eval.extra=1",
+        expect=("eval.extra: unknown key (got 1); valid keys: every, batch_size, global_test, personal",),
     ),
+    "eval-personal-steps-negative": run(
+        "eval.personal.steps=-1", expect=("eval.personal.steps", "greater than or equal to 0")
+    ),
+    "eval-personal-steps-text": run("eval.personal.steps=many", expect=("eval.personal.steps", "'many'")),
+    "eval-personal-params-unknown": run(
+        "eval.personal.params=body", expect=("eval.personal.params", "'all' or 'classifier'", "body")
+    ),
+    "eval-personal-lr-zero": run("eval.personal.lr=0", expect=("eval.personal.lr", "greater than 0")),
+    "eval-personal-key-unknown": run("eval.personal.epochs=1", expect=("eval.personal.epochs", "unknown key")),
     # --- simulation
     "backend-unknown": run("simulation.backend=gpu", expect=("simulation.backend", "'auto', 'inline' or 'ray'")),
     "threads-zero": run("simulation.threads=0", expect=("simulation.threads", "auto or a whole number")),

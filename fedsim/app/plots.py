@@ -116,7 +116,8 @@ def plot_accuracy(
     log_rounds: bool = False,
     references: Mapping[str, float] | None = None,
 ) -> list[str]:
-    """Client-mean accuracy (solid) and, ``with_global``, global-model accuracy (dashed) per round; returns a note
+    """Client-mean accuracy (solid), ``with_global`` global-model accuracy (dashed) and, where runs have it, the
+    personalised models' client-mean accuracy (``eval.personal``, dotted) per round; returns a note
     per run or group left out of the figure, saying why (a run not evaluated yet).
 
     ``over_seeds``: one line per group of runs that differ only in their seed (:func:`seed_groups`),
@@ -131,6 +132,7 @@ def plot_accuracy(
     else:
         groups = {label: [run] for run, label in zip(runs, run_labels(runs), strict=True)}
     notes: list[str] = []
+    with_personal = False
     for label, members in groups.items():
         # a seed not evaluated yet (a sweep under way) is left out and said: intersected with it, the group's
         # rounds were none, and the finished seeds vanished from the figure without a word
@@ -153,10 +155,16 @@ def plot_accuracy(
         glob_rounds, glob, _ = mean_and_std(drawn, "global_acc")
         if with_global and glob_rounds:
             ax.plot(glob_rounds, glob, color=line.get_color(), linestyle="--", linewidth=1)
+        personal_rounds, personal, _ = mean_and_std(drawn, "personal_acc")
+        if personal_rounds:  # eval.personal on: the personalised models' client-mean, dotted
+            ax.plot(personal_rounds, personal, color=line.get_color(), linestyle=":", linewidth=1.2)
+            with_personal = True
     _mark_references(ax, references or {})
     _rounds_axis(ax, log_rounds)
     ax.set_ylabel("accuracy (%)")
-    title = "client-mean accuracy" + (" (solid) and global-model accuracy (dashed)" if with_global else "")
+    title = "client-mean accuracy" + (" (solid)" if with_global or with_personal else "")
+    title += ", global-model accuracy (dashed)" if with_global else ""
+    title += ", personalised client-mean (dotted)" if with_personal else ""
     ax.set_title(title + (", mean ± std over seeds" if over_seeds else ""), fontsize=10)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:  # none when no run is evaluated yet (said in the notes), not a warning

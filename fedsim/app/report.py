@@ -2,7 +2,8 @@
 
 Runs are grouped by every config value that differs between them except the seed; each group
 reports mean +- std over its seeds of the final and best client-mean accuracy and the final
-global accuracy, the first evaluated round reaching ``--target`` client-mean accuracy, and the
+global accuracy, the first evaluated round reaching ``--target`` client-mean accuracy, the final and
+best client-mean accuracy of the personalised models where the runs had ``eval.personal`` on, and the
 final effective rank of the penultimate features where the runs recorded diagnostics.
 """
 
@@ -38,6 +39,9 @@ def unfinished(root: Path) -> list[Path]:
     return [path for path in run_dirs(Path(root)) if not (path / SUMMARY).exists()]
 
 
+PERSONAL_SUMMARY = ("final_personal_acc", "best_personal_acc")  # summary.json's, with eval.personal on
+
+
 def _mean_std(values: list[float]) -> str:
     if not values:
         return "-"
@@ -56,7 +60,12 @@ def table(runs: list[dict[str, Any]], target: float) -> tuple[list[str], list[li
         "seeds", "rounds", "final client-mean acc %", "best client-mean acc %", "final global acc %",
         f"rounds to {100 * target:g}%", "feature erank",  # --target 0.505 is 50.5%, not 50%
     )  # fmt: skip
-    header = short_keys(keys, taken=columns) + list(columns[:-1])
+    personal_columns = ("final personal acc %", "best personal acc %")
+    header = short_keys(keys, taken=columns + personal_columns) + list(columns[:-1])
+    # eval.personal: the personalised models' client-mean, where any run recorded it (a run without: "-")
+    with_personal = any("final_personal_acc" in r["summary"] for r in runs)
+    if with_personal:
+        header += personal_columns
     with_erank = any(m.get("feature_erank") is not None for r in runs for m in r["metrics"])
     if with_erank:
         header.append(columns[-1])
@@ -76,6 +85,8 @@ def table(runs: list[dict[str, Any]], target: float) -> tuple[list[str], list[li
             f"{int(np.mean(reached))}" + ("" if len(reached) == len(reach) else f" ({len(reached)}/{len(reach)})")
             if reached else "-",
         ])
+        if with_personal:
+            rows[-1] += [_mean_std([x[k] for x in s if x.get(k) is not None]) for k in PERSONAL_SUMMARY]
         if with_erank:
             eranks = [m["metrics"][-1].get("feature_erank") for m in members]
             eranks = [e for e in eranks if e is not None]

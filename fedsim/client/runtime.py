@@ -19,6 +19,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from fedsim import wire
 from fedsim.client.pending import hold, replace_state, settle, stage
+from fedsim.client.personal import Personaliser, personal_seed
 from fedsim.client.sgd import LocalSgd
 from fedsim.client.training import ClientRound, TrainResult, train_local
 from fedsim.config import RunConfig
@@ -65,6 +66,7 @@ class ClientRuntime:
         self._slots: list[tuple[FedsimModel, ClientHooks]] = [(self.model, self.hooks)]
         self._optimizers: dict[int, LocalSgd] = {}
         self._clients: dict[int, ClientData] = {}
+        self._personaliser: Personaliser | None = None  # built on the first personalised evaluation
         self.to_inputs = self.fed.input_transform(cfg.data.normalize)
 
     def data(self, pid: int) -> ClientData:
@@ -143,23 +145,44 @@ class ClientRuntime:
         return Message(reply, reply_to=msg)
 
     def evaluate(self, msg: Message, context: Context) -> Message:
+        """The client's scores: the global model's (as its hooks load it for evaluation) and, with
+        ``eval.personal`` on, its personalised model's (:meth:`personalised`)."""
         pid = wire.node_partition(context)
         data = self.data(pid)
         settle(context.state, msg)
         self.hooks.load_for_eval(self.model, msg.content.array_records[wire.ARRAYS], context.state)
-        loss, correct, _ = evaluate(
-            self.model, data.x_test, data.y_test, self.cfg.eval.batch_size,
-            self.fed.dataset.num_classes, self.to_inputs,
-        )  # fmt: skip
+        loss, correct = self.score(self.model, data)
         metrics = MetricRecord(
             {
                 wire.NUM_EXAMPLES: len(data.y_test),
-                wire.CORRECT: int(correct.sum()),
+                wire.CORRECT: correct,
                 wire.EVAL_LOSS: loss,
                 wire.PARTITION_ID: pid,
             }
         )
+        if self.cfg.eval.personal.steps is not None:
+            metrics[wire.PERSONAL_CORRECT] = self.score(self.personalised(msg, context), data)[1]
         return Message(RecordDict({wire.METRICS: metrics}), reply_to=msg)
+
+    def score(self, model: FedsimModel, data: ClientData) -> tuple[float, int]:
+        """``model``'s summed loss and correct count on the client's test split."""
+        loss, correct, _ = evaluate(
+            model, data.x_test, data.y_test, self.cfg.eval.batch_size, self.fed.dataset.num_classes, self.to_inputs
+        )
+        return loss, int(correct.sum())
+
+    def personalised(self, msg: Message, context: Context) -> FedsimModel:
+        """The client's personalised model: its hooks' ``personalize`` of the worker's spare copy, loaded as for
+        training, with the generic fine-tuning on batches of :func:`personal_seed` (never the training's)."""
+        if self._personaliser is None:
+            self._personaliser = Personaliser(self.model, self.cfg)
+        tuner, pid = self._personaliser, wire.node_partition(context)
+        server_round = int(msg.content.config_records[wire.CONFIG][wire.SERVER_ROUND])
+        data, t = self.data(pid), self.cfg.train
+        info = RoundInfo(server_round, pid, tuner.steps, None, tuner.lr, t.momentum, data.class_counts)
+        seed = personal_seed(self.cfg.seed, server_round, pid)
+        self.hooks.load_global(tuner.model, msg.content.array_records[wire.ARRAYS], context.state)
+        return self.hooks.personalize(tuner.model, context.state, tuner.fine_tune(self.stream(pid, seed), info, seed))
 
 
 @lru_cache(maxsize=2)

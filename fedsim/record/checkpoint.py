@@ -18,7 +18,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from fedsim.arrays import array_view, to_array_record
-from fedsim.config import NOT_LEARNING, RunConfig, flatten
+from fedsim.config import NOT_LEARNING, READ_BACK, RunConfig, flatten
 from fedsim.config_file import read_run_config
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.files import write_file
@@ -151,7 +151,10 @@ def resume_config(run_dir: str | Path) -> RunConfig:
 def _check_same_run(cfg: RunConfig, saved_json: str) -> None:
     """Refuse to resume a checkpoint under a config that trains differently (NOT_LEARNING's keys may differ)."""
     now = flatten(json.loads(cfg.to_json()))
-    then = flatten(json.loads(saved_json))
+    try:  # with today's defaults filled in, so options added since the checkpoint compare as their defaults
+        then = flatten(json.loads(RunConfig.model_validate_json(saved_json, context={READ_BACK: True}).to_json()))
+    except ValueError:  # written by a fedsim with other options: compare what it holds
+        then = flatten(json.loads(saved_json))
     keys = now.keys() | then.keys()
     changed = sorted(k for k in keys if not k.startswith(NOT_LEARNING) and now.get(k) != then.get(k))
     if changed:

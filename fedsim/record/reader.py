@@ -47,13 +47,19 @@ def load_torch(path: Path, data: bytes, what: str) -> Any:
 
 def final_accuracies(metrics: list[dict[str, Any]]) -> dict[str, float | None]:
     """What ``summary.json`` records of a run's ``metrics.jsonl``: the last and the best client-mean accuracy, and
-    the global accuracy of the last line (the run's last round, which it always evaluates)."""
+    the global accuracy of the last line (the run's last round, which it always evaluates); with personalised
+    evaluation, the last and the best of its client-mean too."""
     accs = [m["client_mean_acc"] for m in metrics if m.get("client_mean_acc") is not None]
-    return {
+    final = {
         "final_client_mean_acc": accs[-1] if accs else None,
         "best_client_mean_acc": max(accs) if accs else None,
         "final_global_acc": metrics[-1].get("global_acc") if metrics else None,
     }
+    if any("personal_acc" in m for m in metrics):  # eval.personal on: the personalised models' client-mean too
+        personal = [m["personal_acc"] for m in metrics if m.get("personal_acc") is not None]
+        final["final_personal_acc"] = personal[-1] if personal else None
+        final["best_personal_acc"] = max(personal) if personal else None
+    return final
 
 
 def metrics_bytes(run_dir: str | Path) -> bytes:

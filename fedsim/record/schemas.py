@@ -55,6 +55,8 @@ class MetricsRecord(Written):
     time_s: float | None = Field(None, ge=0)  # time since the run started
     rss_mb: float | None = Field(None, ge=0)
     client_acc: list[Annotated[float, Field(ge=0, le=1)] | None] | None = None
+    personal_acc: float | None = Field(None, ge=0, le=1)  # eval.personal: the personalised models' client-mean
+    client_personal_acc: list[Annotated[float, Field(ge=0, le=1)] | None] | None = None
 
 
 def _within(index: str, value: int, info: ValidationInfo) -> int:
@@ -155,6 +157,8 @@ class Summary(Versioned):
     final_client_mean_acc: float | None = Field(ge=0, le=1)
     best_client_mean_acc: float | None = Field(ge=0, le=1)
     final_global_acc: float | None = Field(ge=0, le=1)
+    final_personal_acc: float | None = Field(None, ge=0, le=1)  # eval.personal on only
+    best_personal_acc: float | None = Field(None, ge=0, le=1)
     # of this record version (fedsim.record.reader.check_version) both checksums are there (_complete)
     record_version: int | None = None
     files: Manifest | None = None  # fedsim.record.manifest

@@ -105,16 +105,18 @@ class RoundLoop:
         return new, loss
 
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[int, ClientScore]:
-        """Every client's evaluation of the global model."""
+        """Every client's evaluation of the global model (and of its personalised one, with ``eval.personal``)."""
         everyone = sorted(self.node_of_partition)
         messages = self.strategy.configure("configure_evaluate", server_round, arrays, self._config(), self.grid)
         replies = self._exchange(messages, everyone, server_round, "evaluation")
         self.strategy.aggregate_evaluate(server_round, replies)  # the strategy's own bookkeeping, if any
+        personal = self.cfg.eval.personal.steps is not None
         return {
             wire.partition_of(m): ClientScore(
                 int(wire.reply_metric(m, wire.NUM_EXAMPLES)),
                 int(wire.reply_metric(m, wire.CORRECT)),
                 float(wire.reply_metric(m, wire.EVAL_LOSS)),
+                int(wire.reply_metric(m, wire.PERSONAL_CORRECT)) if personal else None,
             )
             for m in replies
         }

@@ -42,11 +42,19 @@ def resident_mb() -> float:
 
 @dataclass(frozen=True)
 class ClientScore:
-    """One client's evaluation reply: its test samples, how many it got right, its summed loss."""
+    """One client's evaluation reply: its test samples, how many it got right, its summed loss, and how many its
+    personalised model got right (``eval.personal``; None: off)."""
 
     num_examples: int
     correct: int
     loss: float
+    personal_correct: int | None = None
+
+
+def _mean(accuracies: dict[int, float | None]) -> float | None:
+    """The unweighted mean over the clients that have an accuracy (the client-mean accuracy of docs/algorithms.md)."""
+    valid = [a for a in accuracies.values() if a is not None]
+    return float(np.mean(valid)) if valid else None
 
 
 class GlobalEvaluator:
@@ -124,17 +132,17 @@ class RoundReporter:
         if scores is None:
             self._progressed(server_round, loss, None)
             return
-        client_acc = {
-            pid: scores[pid].correct / scores[pid].num_examples if pid in scores and scores[pid].num_examples else None
-            for pid in self.partitions
-        }
-        valid = [a for a in client_acc.values() if a is not None]
+        client_acc = self._client_accuracies(scores, "correct")
         record: dict[str, Any] = {
             "round": server_round,
             "time_s": round(self.elapsed_s(), 3),
             "train_loss": loss,
-            "client_mean_acc": float(np.mean(valid)) if valid else None,
+            "client_mean_acc": _mean(client_acc),
         }
+        client_personal_acc = None
+        if self.cfg.eval.personal.steps is not None:
+            client_personal_acc = self._client_accuracies(scores, "personal_correct")
+            record["personal_acc"] = _mean(client_personal_acc)
         if self.global_eval is not None:
             record.update(self.global_eval(arrays))
         client_losses = {pid: score.loss for pid, score in scores.items()}
@@ -143,6 +151,8 @@ class RoundReporter:
         if self.diagnostics is not None:
             record.update(self.diagnostics(arrays))
         record["client_acc"] = list(client_acc.values())  # None: no test data, or the client failed
+        if client_personal_acc is not None:
+            record["client_personal_acc"] = list(client_personal_acc.values())
         if self.pending_failures:  # on_client_failure: skip, since the last line
             record["failed_clients"] = {str(r): pids for r, pids in sorted(self.pending_failures.items())}
             self.pending_failures.clear()
@@ -150,6 +160,15 @@ class RoundReporter:
         self.out.append_metrics(record)
         self.last = record
         self._progressed(server_round, loss, record["client_mean_acc"])
+
+    def _client_accuracies(self, scores: dict[int, ClientScore], field: str) -> dict[int, float | None]:
+        """Each partition's accuracy from its score's ``field`` (correct counts); None: no test data, or the client
+        failed."""
+        return {
+            pid: getattr(scores[pid], field) / scores[pid].num_examples
+            if pid in scores and scores[pid].num_examples else None
+            for pid in self.partitions
+        }  # fmt: skip
 
     def _progressed(self, server_round: int, loss: float | None, acc: float | None) -> None:
         self.progress.update(server_round, loss, acc)
