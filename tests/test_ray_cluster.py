@@ -34,6 +34,7 @@ from fedsim.config import RAY_PROBE_TIMEOUT_S, SimulationConfig
 from fedsim.config_file import parse_config
 from fedsim.engines import ray_pool
 from fedsim.engines.ray_address import check_ray_address
+from fedsim.engines.ray_cluster import RAY_SERVICES, init_ray, workers_only
 from fedsim.engines.runner import OFFLINE_ENV, run
 from fedsim.errors import ConfigError
 from fedsim.ports import free_port, free_ports
@@ -329,3 +330,37 @@ def test_pool_counts_what_fits_node_by_node(monkeypatch: pytest.MonkeyPatch) -> 
     assert size(2, 0, clients=5) == 5  # at most one per client
     with pytest.raises(ConfigError, match=r"simulation\.client_resources\b"):
         size(1, 8)  # more GPUs than any node has
+
+
+def forwarded(pid: int | str, line: str) -> dict[str, Any]:
+    """A log line as Ray's log monitor hands it to the driver: ``pid`` a worker's, or the name of a Ray process."""
+    return {"ip": "127.0.0.1", "localhost": "127.0.0.1", "pid": pid, "job": "", "is_err": True, "lines": [line],
+            "actor_name": "_Worker" if isinstance(pid, int) else "", "task_name": ""}  # fmt: skip
+
+
+def test_only_workers_lines_are_forwarded() -> None:
+    seen: list[str] = []
+    forward = workers_only(lambda data: seen.extend(data["lines"]))
+    for pid in (*sorted(RAY_SERVICES), 4242):
+        forward(forwarded(pid, f"from {pid}"))
+    assert seen == ["from 4242"]
+
+
+@pytest.mark.slow
+def test_a_ray_instance_of_a_run_prints_its_workers_lines_not_its_raylets(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    for key, value in OFFLINE_ENV.items():
+        monkeypatch.setenv(key, value)
+    assert init_ray(SimulationConfig())
+    try:
+        capsys.readouterr()
+        dispatcher.emit(forwarded("raylet", "worker.cc:237: Failed to send wait complete: RpcError"))
+        dispatcher.emit(forwarded("gcs_server", "gcs_server.cc: a fatal check of Ray's"))
+        dispatcher.emit(forwarded(4242, "a plugin's print"))
+        err = capsys.readouterr().err
+    finally:
+        ray.shutdown()
+    assert [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in err.splitlines()] == ["(_Worker pid=4242) a plugin's print"]

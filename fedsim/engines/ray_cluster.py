@@ -17,11 +17,16 @@ raylet's children and, once it is gone, spend a minute trying to report to the d
 SIGTERM meanwhile); a :func:`fedsim.processes.watchdog` kills them. And ``ray.init`` installs its own SIGTERM handler
 (``sys.exit(15)``), and the absl failure handler of its core worker takes SIGTERM as a crash: neither is
 let in (:func:`_uninterrupted`), so a SIGTERM stays one line, 143, during ``ray.init`` too.
+
+Of what Ray forwards to this process's console, the workers' lines (a plugin's print or warning) are kept and
+those of Ray's own processes (the raylet's, the GCS's, the autoscaler's and the runtime-env agent's error logs)
+dropped (:func:`_forward_workers_only`): they are Ray's account of a fault that fedsim states in its own one line,
+and they stay in the session's log files.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -32,6 +37,8 @@ from fedsim.errors import ConfigError, FedsimError
 from fedsim.processes import signals_deferred, watchdog
 
 AGENTS_GRACE_S = 1.0
+# what Ray's log monitor names the lines of its own processes (ray._private.log_monitor), not a worker's pid
+RAY_SERVICES = frozenset({"raylet", "gcs_server", "autoscaler", "runtime_env"})
 
 
 @contextmanager
@@ -92,6 +99,24 @@ def start_ray(address: str | None, field: str = FIELD, **init_args: Any) -> None
         probe_cluster(address, field)
     with _on_loopback() if address is None else nullcontext(), _uninterrupted():
         ray.init(address=address or "local", include_dashboard=False, **init_args)
+    _forward_workers_only()
+
+
+def workers_only(handle: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    """``handle`` (a handler of Ray's forwarded log lines) for the lines of workers alone."""
+
+    def forward(data: dict[str, Any]) -> None:
+        if data.get("pid") not in RAY_SERVICES:
+            handle(data)
+
+    return forward
+
+
+def _forward_workers_only() -> None:
+    """Ray's forwarding of log lines to this process's console, for the workers' lines alone."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    dispatcher.handlers = [(name, workers_only(handle)) for name, handle in dispatcher.handlers]
 
 
 def init_ray(sim: SimulationConfig) -> bool:
