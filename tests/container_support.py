@@ -6,12 +6,17 @@ Nothing is pulled and nothing is downloaded inside a build: the base image comes
 ``docker/wheelhouse.py`` (the installed versions, from the package index). Both are cached between
 runs: the base image by its tag, the wheels in ``$FEDSIM_DOCKER_CACHE`` (default
 ``~/.cache/fedsim-docker``).
+
+``python3 -m tests.container_support`` prepares all of it ahead of the test (tools, base image, wheels, the
+image, Compose v2), then stops the engine it started: ``.ci/run`` does so beside the other test stages, whose
+work is the CPU's where this is mostly the network's and the disk's; the test then finds it cached.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("FEDSIM_DOCKER_CACHE") or "~/.cache/fedsim-docker").expanduser()
 BASE_IMAGE = "fedsim-base:bookworm"
 IMAGE = "fedsim:latest"  # what the generated compose file runs
+DEPENDENCIES_IMAGE = "fedsim-dependencies:cache"  # the Dockerfile's first stage, kept as the next build's cache
 DEBIAN_PACKAGES = {"dockerd": "docker.io", "docker-compose": "docker-compose", "debootstrap": "debootstrap"}
 TEST_UID = 4242  # the host user the test's projects belong to when the test runs as root
 
@@ -127,13 +133,16 @@ def build_image(base: str, wheels: Path) -> None:
                 except OSError:
                     shutil.copyfile(wheel, dest)
                 linked.append(dest)
-        docker("build", "--force-rm", "-f", str(REPO / "docker" / "Dockerfile"), "--build-arg", f"BASE_IMAGE={base}",
-               "-t", IMAGE, str(REPO), timeout=2400)  # fmt: skip
+        build = ["build", "--force-rm", "-f", str(REPO / "docker" / "Dockerfile"), "--build-arg", f"BASE_IMAGE={base}"]
+        # the dependencies stage tagged first: the prune below keeps it, and with it the build cache of its
+        # layers (gigabytes of wheels installed), so a later build redoes only fedsim's own layers
+        docker(*build, "--target", "dependencies", "-t", DEPENDENCIES_IMAGE, str(REPO), timeout=2400)
+        docker(*build, "-t", IMAGE, str(REPO), timeout=2400)
     finally:
         for dest in linked:
             dest.unlink(missing_ok=True)
-        # the image this build replaced, and a failed build's layers, are untagged now: 5-8 GB each, which
-        # filled this machine's disk after a few CI runs
+        # the images this build replaced, and a failed build's layers, are untagged now: 5-8 GB each, gone so
+        # that repeated builds do not fill the disk
         docker("image", "prune", "--force", timeout=600, check=False)
 
 
@@ -323,3 +332,19 @@ class Project:
     def foreign_files(self) -> list[str]:
         """Files in the project that the host user does not own (what a container left as root)."""
         return [str(p) for p in [self.dir, *self.dir.rglob("*")] if p.lstat().st_uid != self.uid]
+
+
+def prepare_all() -> None:
+    """What the container test builds or fetches before its first project, cached for it: Debian's tools, the
+    base image, the wheelhouse, fedsim's image (its layers in the engine's cache) and Compose v2."""
+    with docker_engine():
+        build_image(base_image(), wheelhouse())
+    fetch_compose_v2()
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: the engine it started stops too
+    try:
+        prepare_all()
+    except Unavailable as why:
+        sys.exit(f"the container test's image could not be prepared: {why}")
