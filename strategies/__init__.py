@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from fedsim.strategies import (  # noqa: F401 (the built-ins register themselves on import)
     fedavg,
+    fedbabu,
     fedbn,
     feddecorr,
     feddyn,

@@ -90,3 +90,16 @@ class FastAveraging(FedAvg):
         validate_message_reply_consistency(contents, self.weighted_by_key, check_arrayrecord=True)
         arrays = aggregate_arrayrecords(contents, self.weighted_by_key)
         return arrays, self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+
+
+class PartialAveraging(FastAveraging):
+    """FedAvg over the tensors the clients send; the global model keeps its own value of every tensor they do
+    not send (FedBN's normalisation tensors, FedBABU's head), bit for bit."""
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is None or self.x is None:
+            return arrays, metrics
+        return ArrayRecord({k: arrays[k] if k in arrays else a for k, a in self.x.items()}), metrics

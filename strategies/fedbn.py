@@ -14,17 +14,16 @@ never leave their initial values), which is how LN-FL's Tables 1 and 4 report Fe
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Literal
 
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 from pydantic import Field
 
 from fedsim import wire
 from fedsim.arrays import copy_into, dump_arrays, load_arrays
 from fedsim.models import FedsimModel
 from fedsim.norms import norm_modules
-from fedsim.strategies.aggregation import FastAveraging
+from fedsim.strategies.aggregation import PartialAveraging
 from fedsim.strategies.base import STRATEGIES, StrategySpec
 from fedsim.strategies.hooks import ClientHooks, RoundInfo
 from fedsim.strategies.server_half import EVERY_NODE, ServerSetup
@@ -35,18 +34,6 @@ FEDBN_LOCAL = "fedbn.local"  # Context.state: the client's own normalisation ten
 def local_keys(model: FedsimModel) -> frozenset[str]:
     """State-dict keys of every normalisation module: parameters and buffers."""
     return frozenset(f"{name}.{key}" for name, module in norm_modules(model) for key in module.state_dict())
-
-
-class FedBNServer(FastAveraging):
-    """FedAvg over the tensors clients send; the global model keeps its own value of the rest."""
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        arrays, metrics = super().aggregate_train(server_round, replies)
-        if arrays is None or self.x is None:
-            return arrays, metrics
-        return ArrayRecord({k: arrays[k] if k in arrays else a for k, a in self.x.items()}), metrics
 
 
 class FedBNClient(ClientHooks["FedBNSpec.Params"]):
@@ -88,5 +75,5 @@ class FedBNSpec(StrategySpec):
             "local", description="score each client's personalised model (local) or the global one (shared)"
         )
 
-    def server(self, setup: ServerSetup) -> FedBNServer:
-        return FedBNServer(**EVERY_NODE)
+    def server(self, setup: ServerSetup) -> PartialAveraging:
+        return PartialAveraging(**EVERY_NODE)

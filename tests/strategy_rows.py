@@ -29,6 +29,9 @@ ROWS: dict[str, dict[str, Any]] = {
     "moon": {"strategy": {"name": "moon"}, "model": {"projection": 16}},
     "feddyn": {"strategy": {"name": "feddyn", "alpha": 0.1}},  # correct_gradients, g_k across rounds, h on the server
     "fednova": {"strategy": {"name": "fednova"}},  # its own record beside the model; FedAvg under local_steps
+    # correct_gradients drops the head's gradients (momentum and weight decay on, to move it if anything could);
+    # reply_arrays leaves the head out, the server keeps its own
+    "fedbabu": {"strategy": {"name": "fedbabu"}, "train": {"momentum": 0.9, "weight_decay": 5e-4}},
 }
 
 
