@@ -9,6 +9,7 @@ from typing import Any
 
 from fedsim import wire
 from fedsim.strategies import STRATEGIES, ServerSetup
+from fedsim.strategies.aggregation import PartialAveraging
 from fedsim.strategies.server_half import Checkpointable
 
 ROWS: dict[str, dict[str, Any]] = {
@@ -46,18 +47,23 @@ def keeps_client_state(name: str) -> bool:
     return any(key.message == wire.CLIENT_STATE for key in STRATEGIES.get(name).protocol)
 
 
-def has_own_protocol(name: str) -> bool:
-    """Whether the strategy puts records of its own into Messages or its clients' state (its protocol rows): what
-    a transport or a runtime's node state could lose. The others' Messages are FedAvg's."""
-    return bool(STRATEGIES.get(name).protocol)
+def has_own_messages(name: str) -> bool:
+    """Whether the strategy's Messages or its clients' state differ from FedAvg's: records of its own (its protocol
+    rows), or replies that hold part of the model (its server averages what the clients send): what a transport or
+    a runtime's node state could lose or mismatch."""
+    return bool(STRATEGIES.get(name).protocol) or isinstance(server_of(name), PartialAveraging)
 
 
 def keeps_server_state(name: str) -> bool:
     """Whether the strategy's server half has state a checkpoint must hold."""
+    return isinstance(server_of(name), Checkpointable)
+
+
+def server_of(name: str) -> Any:
+    """The strategy's server half as its row configures it."""
     spec = STRATEGIES.get(name)
     options = {k: v for k, v in sections(name)["strategy"].items() if k != "name"}
-    server = spec(spec.Params.model_validate(options)).server(ServerSetup(4, parameter_keys=frozenset({"w"})))
-    return isinstance(server, Checkpointable)
+    return spec(spec.Params.model_validate(options)).server(ServerSetup(4, parameter_keys=frozenset({"w"})))
 
 
 def stateful() -> list[str]:

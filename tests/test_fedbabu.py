@@ -32,7 +32,7 @@ from fedsim.experiment.resolve import resolve
 from fedsim.models import FedsimModel, create_model
 from fedsim.norms import create_norm
 from fedsim.strategies.hooks import RoundInfo
-from tests import strategy_rows, test_strategy_engines
+from tests import strategy_rows
 from tests.conftest import small_config, write_config
 from tests.test_resume import check_resume, metrics
 from tests.test_strategies_math import Clients, numpy_of, play_round, reply, server, spec
@@ -167,12 +167,6 @@ def test_a_run_keeps_the_initial_head_and_personalises_by_fine_tuning(tmp_path: 
         assert torch.equal(v, initial[k]) if is_head(k) else not torch.equal(v, initial[k]), k
     assert lines[-1]["client_mean_acc"] > 0.3  # the body learned under a random head: 10 classes
     assert lines[-1]["personal_acc"] != lines[-1]["client_mean_acc"]  # the fine-tuning moved the scores
-
-
-@pytest.mark.slow
-@pytest.mark.engines
-def test_fedbabu_gives_the_inline_numbers_under_ray_flower_and_deploy(tmp_path: Path) -> None:
-    test_strategy_engines.test_every_strategy_gives_the_inline_numbers_under_ray_flower_and_deploy(tmp_path, "fedbabu")
 
 
 @pytest.mark.slow

@@ -1,10 +1,10 @@
-"""Every built-in strategy with records of its own (tests/strategy_rows.py: its protocol rows) gives the numbers
-of the inline engine under a Ray pool, Flower's simulation runtime and ``fedsim deploy`` (a SuperLink and a SuperNode
-per client): its Message records go over each transport and its client state lives in each runtime's node
-contexts (Ray actors, Flower's node states, SuperNode processes). Two clients of three train each round, so a
-client's state waits rounds between uses. The other strategies send FedAvg's Messages, whose engines agree
-(tests/test_engines.py), and differ only in the server's or the client's arithmetic, which is the same code
-under every engine."""
+"""Every built-in strategy whose Messages are not FedAvg's (tests/strategy_rows.py: records of its own, or replies that
+hold part of the model) gives the numbers of the inline engine under a Ray pool, Flower's simulation runtime and
+``fedsim deploy`` (a SuperLink and a SuperNode per client): its Message records go over each transport and its
+client state lives in each runtime's node contexts (Ray actors, Flower's node states, SuperNode processes). Two
+clients of three train each round, so a client's state waits rounds between uses. The other strategies send FedAvg's
+Messages, whose engines agree (tests/test_engines.py), and differ only in the server's or the client's arithmetic,
+which is the same code under every engine."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ TRAIN = {"rounds": 3, "num_clients": 3, "clients_per_round": 2}
 
 @pytest.mark.slow
 @pytest.mark.engines
-@pytest.mark.parametrize("name", [name for name in strategy_rows.ROWS if strategy_rows.has_own_protocol(name)])
+@pytest.mark.parametrize("name", [name for name in strategy_rows.ROWS if strategy_rows.has_own_messages(name)])
 def test_every_strategy_gives_the_inline_numbers_under_ray_flower_and_deploy(tmp_path: Path, name: str) -> None:
     sections: dict[str, Any] = {**strategy_rows.sections(name), "train": TRAIN, "eval": {"every": 1}}
 
