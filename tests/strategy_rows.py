@@ -29,6 +29,8 @@ ROWS: dict[str, dict[str, Any]] = {
     "moon": {"strategy": {"name": "moon"}, "model": {"projection": 16}},
     "feddyn": {"strategy": {"name": "feddyn", "alpha": 0.1}},  # correct_gradients, g_k across rounds, h on the server
     "fednova": {"strategy": {"name": "fednova"}},  # its own record beside the model; FedAvg under local_steps
+    # adjust_logits from the client's label counts; a personal head of its hooks' own, stepped in the loop, in state
+    "fedrod": {"strategy": {"name": "fedrod"}, "eval": {"personal": {"steps": 0}}},
 }
 
 
