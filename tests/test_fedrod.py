@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from flwr.app import ConfigRecord, RecordDict
 
 from fedsim import wire
-from fedsim.arrays import array_view, to_array_record
+from fedsim.arrays import to_array_record
 from fedsim.client.sgd import LocalSgd
 from fedsim.client.training import ClientRound, train_local
 from fedsim.config_file import parse_config
@@ -30,6 +30,7 @@ from fedsim.norms import create_norm
 from fedsim.strategies import STRATEGIES, ClientHooks, RoundInfo
 from fedsim.strategies.fedrod import FEDROD_HEAD
 from tests.conftest import small_config
+from tests.test_moon import weights_of
 
 LR, STEPS, BATCH, CLASSES, SHAPE = 0.1, 3, 8, 4, (1, 4, 4)
 COUNTS = torch.tensor([9.0, 6.0, 5.0, 0.0])  # the client's training samples per class: class 3 absent
@@ -100,12 +101,6 @@ def reference_round(
         losses.append(balanced.item() + personal.item())
     trained = {k: v.detach().clone() for k, v in w.state_dict().items()}
     return trained, {k: v.detach().clone() for k, v in phi.items()}, sum(losses) / len(losses)
-
-
-def weights_of(record_or_model: object) -> dict[str, torch.Tensor]:
-    if isinstance(record_or_model, torch.nn.Module):
-        return {k: v.detach().clone() for k, v in record_or_model.state_dict().items()}
-    return {k: torch.from_numpy(array_view(a).copy()) for k, a in record_or_model.items()}  # type: ignore[attr-defined]
 
 
 def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
