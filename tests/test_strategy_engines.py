@@ -42,3 +42,5 @@ def test_every_strategy_gives_the_inline_numbers_under_ray_flower_and_deploy(tmp
     assert metrics(Path(run(flower)["run_dir"])) == inline  # Flower's runtime: bit for bit
     deployed = metrics(Path(deploy(config("deploy"))["run_dir"]))
     assert_same_numbers(deployed, inline)  # the SuperNodes' threads: tests/test_deploy.py
+    for d, i in zip(deployed, inline, strict=True):  # personalised scores, where the row turns them on (FedRoD)
+        assert d.get("client_personal_acc") == pytest.approx(i.get("client_personal_acc"), abs=1e-6)
