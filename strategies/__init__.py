@@ -27,6 +27,7 @@ from fedsim.strategies import (  # noqa: F401 (the built-ins register themselves
     fednova,
     fedntd,
     fedprox,
+    fedrod,
     fedrs,
     fedyogi,
     moon,

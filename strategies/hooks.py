@@ -14,6 +14,7 @@ from typing import Generic, TypeVar
 import torch
 from flwr.app import ArrayRecord, RecordDict
 from pydantic import BaseModel
+from torch import nn
 
 from fedsim.arrays import dump_arrays, load_arrays
 from fedsim.models import FedsimModel
@@ -47,7 +48,8 @@ class ClientHooks(Generic[P]):
     """Client half of a strategy. The defaults are FedAvg; override only what differs.
 
     Call order per round: ``load_global`` -> ``begin_round`` -> K x (``adjust_logits``,
-    ``extra_loss``, backward, ``correct_gradients``, SGD step) -> ``end_round`` -> ``reply_arrays``.
+    ``extra_loss``, backward, ``correct_gradients``, SGD step of the model's and :meth:`own_parameters`)
+    -> ``end_round`` -> ``reply_arrays``.
     Per evaluation: ``load_for_eval`` (the model scored as the global one), then, with ``eval.personal`` on,
     ``load_global`` into a copy and ``personalize`` (the model scored as the client's personalised one).
     ``state`` is the client's own persistent RecordDict (Flower's ``Context.state``): client state
@@ -64,14 +66,21 @@ class ClientHooks(Generic[P]):
         """The model a client is scored with: by default the one it would train from."""
         self.load_global(model, arrays, state)
 
-    def personalize(self, model: FedsimModel, state: RecordDict, fine_tune: FineTune) -> FedsimModel:
+    def own_parameters(self, model: FedsimModel) -> list[nn.Parameter]:
+        """Parameters of the hooks' own (FedRoD's personal head) that the local SGD steps beside ``model``'s, at the
+        same learning rate, momentum and weight decay, from the gradient the batch's loss gives them. Built on the
+        first call from ``model``'s shapes; the same tensors on every later call (a worker builds its optimiser
+        once), whose values the hooks reload per client in :meth:`begin_round`."""
+        return []
+
+    def personalize(self, model: FedsimModel, state: RecordDict, fine_tune: FineTune) -> nn.Module:
         """The model this client is scored with under personalised evaluation (``eval.personal``).
 
         ``model`` is a copy of the client's own, loaded as for training (:meth:`load_global`) and free to change;
         ``fine_tune(model)`` runs the generic personalisation on it: ``eval.personal.steps`` steps of the one
         training loop (plain cross-entropy, no hook of this strategy) on the client's training batches. A method
-        that personalises otherwise overrides this (a personal head from ``state``, a fine-tuning of its own);
-        the default is the generic fine-tuning."""
+        that personalises otherwise overrides this (a personal head from ``state``, a fine-tuning of its own) and
+        may return any module mapping the model's inputs to logits; the default is the generic fine-tuning."""
         fine_tune(model)
         return model
 

@@ -33,6 +33,8 @@ ROWS: dict[str, dict[str, Any]] = {
     # correct_gradients drops the head's gradients (momentum and weight decay on, to move it if anything could);
     # reply_arrays leaves the head out, the server keeps its own
     "fedbabu": {"strategy": {"name": "fedbabu"}, "train": {"momentum": 0.9, "weight_decay": 5e-4}},
+    # adjust_logits from the client's label counts; a personal head of its hooks' own, stepped in the loop, in state
+    "fedrod": {"strategy": {"name": "fedrod"}, "eval": {"personal": {"steps": 0}}},
 }
 
 

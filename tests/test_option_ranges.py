@@ -113,6 +113,9 @@ PINNED: dict[str, corpus.Case] = {
         "strategy={name: fedntd, beta: -1}", expect=("strategy.beta = -1", "greater than or equal to 0")
     ),
     "fedntd-tau-zero": run("strategy={name: fedntd, tau: 0}", expect=("strategy.tau = 0", "greater than 0")),
+    "fedrod-gamma-negative": run(
+        "strategy={name: fedrod, gamma: -1}", expect=("strategy.gamma = -1", "greater than or equal to 0")
+    ),
     "bn-momentum-above-one": run(
         "model.norm={name: bn, momentum: 2}", expect=("model.norm.momentum = 2", "less than or equal to 1")
     ),

@@ -36,7 +36,7 @@ ROUNDS, EVERY, STOP = 6, 2, 4  # checkpoints at rounds 2 and 4; stopped after ro
 
 def config(tmp_path: Path, name: str, sections: dict[str, Any], **top: Any) -> dict[str, Any]:
     """small_config with every round evaluated: a metrics line past round 4 would show a round trained."""
-    raw = small_config(tmp_path, eval={"every": 1}, **sections, **top)
+    raw = small_config(tmp_path, **{**sections, "eval": {**sections.get("eval", {}), "every": 1}}, **top)
     raw["train"]["rounds"] = ROUNDS
     raw["output"].update(run_dir=str(tmp_path / name), checkpoint_every=EVERY)
     return raw

@@ -28,7 +28,8 @@ TRAIN = {"rounds": 3, "num_clients": 3, "clients_per_round": 2}
 @pytest.mark.engines
 @pytest.mark.parametrize("name", [name for name in strategy_rows.ROWS if strategy_rows.has_own_messages(name)])
 def test_every_strategy_gives_the_inline_numbers_under_ray_flower_and_deploy(tmp_path: Path, name: str) -> None:
-    sections: dict[str, Any] = {**strategy_rows.sections(name), "train": TRAIN, "eval": {"every": 1}}
+    row = strategy_rows.sections(name)
+    sections: dict[str, Any] = {**row, "train": TRAIN, "eval": {**row.get("eval", {}), "every": 1}}
 
     def config(where: str, **more: Any) -> Any:
         return parse_config(small_config(tmp_path / where, **sections, **more))
@@ -41,3 +42,5 @@ def test_every_strategy_gives_the_inline_numbers_under_ray_flower_and_deploy(tmp
     assert metrics(Path(run(flower)["run_dir"])) == inline  # Flower's runtime: bit for bit
     deployed = metrics(Path(deploy(config("deploy"))["run_dir"]))
     assert_same_numbers(deployed, inline)  # the SuperNodes' threads: tests/test_deploy.py
+    for d, i in zip(deployed, inline, strict=True):  # personalised scores, where the row turns them on (FedRoD)
+        assert d.get("client_personal_acc") == pytest.approx(i.get("client_personal_acc"), abs=1e-6)

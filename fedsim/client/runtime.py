@@ -16,6 +16,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
+from torch import nn
 
 from fedsim import wire
 from fedsim.client.pending import hold, replace_state, settle, stage
@@ -89,10 +90,12 @@ class ClientRuntime:
         return self._slots[k]
 
     def optimizer(self, clients: int) -> LocalSgd:
-        """One SGD over the first ``clients`` slots' parameters (its momentum is cleared every round)."""
+        """One SGD over the first ``clients`` slots' parameters, their models' and their hooks' own (its momentum is
+        cleared every round)."""
         if clients not in self._optimizers:
             t = self.cfg.train
-            params = [p for k in range(clients) for p in self.slot(k)[0].parameters()]
+            slots = [self.slot(k) for k in range(clients)]
+            params = [p for model, hooks in slots for p in (*model.parameters(), *hooks.own_parameters(model))]
             self._optimizers[clients] = LocalSgd(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
         return self._optimizers[clients]
 
@@ -164,14 +167,14 @@ class ClientRuntime:
             metrics[wire.PERSONAL_CORRECT] = self.score(self.personalised(msg, context), data)[1]
         return Message(RecordDict({wire.METRICS: metrics}), reply_to=msg)
 
-    def score(self, model: FedsimModel, data: ClientData) -> tuple[float, int]:
+    def score(self, model: nn.Module, data: ClientData) -> tuple[float, int]:
         """``model``'s summed loss and correct count on the client's test split."""
         loss, correct, _ = evaluate(
             model, data.x_test, data.y_test, self.cfg.eval.batch_size, self.fed.dataset.num_classes, self.to_inputs
         )
         return loss, int(correct.sum())
 
-    def personalised(self, msg: Message, context: Context) -> FedsimModel:
+    def personalised(self, msg: Message, context: Context) -> nn.Module:
         """The client's personalised model: its hooks' ``personalize`` of the worker's spare copy, loaded as for
         training, with the generic fine-tuning on batches of :func:`personal_seed` (never the training's)."""
         if self._personaliser is None:

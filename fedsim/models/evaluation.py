@@ -6,8 +6,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-
-from fedsim.models import FedsimModel
+from torch import nn
 
 # Images per forward pass. Each image's logits are its own, so this changes no number (on this machine
 # the paper CNN's logits are bit-identical in chunks of 32, 50 or 100 and in whole batches of 500), but
@@ -19,7 +18,7 @@ FORWARD_CHUNK = 50
 
 @torch.no_grad()
 def evaluate(
-    model: FedsimModel,
+    model: nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
     batch_size: int,
