@@ -106,7 +106,8 @@ def test_fail_stops_in_one_line_keeps_the_checkpoint_and_resume_finishes_the_run
     assert len(lines) == 1, err[-3000:]  # one line, no traceback, nothing of Ray's or Flower's on stderr
     (line,) = lines
     assert re.fullmatch(
-        r"fedsim: error: round 3, training: clients? [0-9, ]*\b1\b[0-9, ]*: their Ray worker died during the round "
+        r"fedsim: error: round 3, training: clients? [0-9, ]*\b1\b[0-9, ]*: their Ray worker (on node \S+ \(id \w+\) )?"
+        r"died during the round "
         r"\(Actor\w*Error: [^)]+\) \(train\.on_client_failure: skip goes on without them\); the last good "
         r"checkpoint \(round 2\) is in .*",
         line,
@@ -142,7 +143,8 @@ def test_skip_goes_on_without_the_clients_of_a_killed_worker_and_a_new_worker_se
     if engine is POOL:  # its worker kept its clients' state, which a new worker starts without
         (replaced,) = said[:-1]
         assert re.fullmatch(
-            r"fedsim: warning: clients [0-9, ]+: their Ray worker died during the round \(ActorDiedError: .+\); a "
+            r"fedsim: warning: clients [0-9, ]+: their Ray worker on node \S+ \(id \w+\) died during the round "
+            r"\(ActorDiedError: .+\); a "
             r"new one serves them, their client state \(Context\.state\) starting empty",
             replaced,
         ), replaced
