@@ -8,6 +8,7 @@ bit for bit. Nodes are stopped as tests/test_ray_cluster.py stops its head, neve
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import shutil
@@ -45,11 +46,14 @@ class Cluster:
     ips: tuple[str, str]  # the head's address, the worker node's
 
 
+_PAIRS = itertools.count()
+
+
 @contextlib.contextmanager
 def linked_namespaces() -> Iterator[tuple[list[str], list[str]]]:
     """Two network namespaces joined by a veth pair: ([namespace, address] of each)."""
-    tag = os.getpid() % 10000
-    subnet = f"10.232.{tag % 250}"
+    tag = f"{os.getpid() % 10000}{next(_PAIRS)}"  # a pair of names per call: the module's cluster and a test's
+    subnet = f"10.232.{os.getpid() % 250}"  # each namespace is a network of its own: pairs may share it
     ends = [[f"frn{tag}a", f"{subnet}.1"], [f"frn{tag}b", f"{subnet}.2"]]
     made = []
     try:
@@ -98,12 +102,13 @@ def ray_node(ns: str, address: str, head: str | None, temp_dir: Path, **env: str
 
 
 def wait_for_nodes(ns: str, address: str, count: int) -> None:
-    """Until ``count`` nodes of the cluster at ``address`` are alive, asked by a driver in namespace ``ns``."""
+    """Until ``count`` nodes of the cluster at ``address`` are alive (a lost node counts until the head has
+    marked it dead), asked by a driver in namespace ``ns``."""
     probe = (
         "import sys, time, ray\n"
         f"ray.init(address={address!r}, log_to_driver=False)\n"
         f"deadline = time.monotonic() + {NODE_WAIT_S}\n"
-        f"while sum(n['Alive'] for n in ray.nodes()) < {count}:\n"
+        f"while sum(n['Alive'] for n in ray.nodes()) != {count}:\n"
         "    if time.monotonic() > deadline: sys.exit(f'nodes alive: {ray.nodes()}')\n"
         "    time.sleep(0.5)\n"
     )
@@ -195,6 +200,7 @@ def losing_cluster(tmp_path: Path) -> Iterator[LosingCluster]:
             wait_for_nodes(ns_a, head, 2)
 
             def heal() -> None:
+                wait_for_nodes(ns_a, head, 1)  # the lost node marked dead: a pool sized now would count it
                 nodes.enter_context(ray_node(ns_b, ip_b, head, root / "healed"))
                 wait_for_nodes(ns_a, head, 2)
 
