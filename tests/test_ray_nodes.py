@@ -238,8 +238,9 @@ def test_skip_goes_on_with_the_remaining_node_serving_all(losing_cluster: Losing
     losing_cluster.lose_worker_node(run)
     code, err = finished(run)
     assert code == 0, err[-3000:]
-    # the replacement's wait for a node, PLACE_S, once; then the head's worker serves every client
-    assert time.monotonic() - started < 300, err[-3000:]
+    # the replacement's wait for a node, PLACE_S, once (each of rounds 3-5 waiting would add 2 more); then the
+    # head's worker serves every client
+    assert time.monotonic() - started < 2 * PLACE_S + 240, err[-3000:]
 
     lost = lost_worker(tmp_path / "run", cluster.ips[1])
     clients = lost["clients"]

@@ -11,7 +11,7 @@ clients, and the worker is stopped and replaced by a fresh one before its next b
 (``Context.state``) went with it, so theirs starts empty again, as a client's that never trained (a warning
 says so once).
 
-A new worker (the pool's first, or a replacement) that no node of the cluster takes within PLACE_S (its node was
+A replacement worker that no node of the cluster takes within PLACE_S (its node was
 lost, and no other has room for ``simulation.client_resources``) is not waited on round after round: its
 clients fail that phase of the round, the worker is stopped, and the pool shrinks: its clients go to the
 pool's placed workers, round robin, their client state empty again (a warning says so once). With no placed
@@ -48,7 +48,7 @@ from fedsim.errors import ConfigError, FedsimWarning
 from fedsim.record.writer import append_workers
 
 START_S = 600.0  # a new worker's time to start, as discovery (fedsim.server.discovery) gives every node
-PLACE_S = 30.0  # a new worker's time to be taken by a node: seconds on a cluster with room for it
+PLACE_S = 120.0  # a replacement's time to be taken by a node: seconds where a node has room, on a loaded machine too
 PLACE_POLL_S = 0.5  # Ray has no future for "placed": the worker's entry in the GCS's actor table is read
 
 
@@ -152,7 +152,7 @@ class RayPoolExecutor:
         self.actors: list[ActorHandle] = [self._start(a) for a in range(size)]
         self.lost: dict[int, str] = {}  # actor -> how its worker was lost; replaced before its next batch
         self.starting = set(range(size))  # actors whose first batch is still to come
-        self.placing = set(range(size))  # actors whose worker no node was seen to take yet
+        self.placing: set[int] = set()  # replacements no node was seen to take yet (the first workers: START_S)
         self.unplaced: set[int] = set()  # of those, the ones past their PLACE_S: their clients fail at once
         self.where: dict[int, str] = {}  # actor -> its worker's node, as workers.jsonl names it
         self.gone: set[int] = set()  # actors stopped as the pool shrank, their clients served by others
