@@ -68,8 +68,8 @@ def on_a_node(actor: ActorHandle) -> bool:
     one counts as taken: its batch fails at once, as a lost worker's."""
     from ray._private.state import actors
 
-    entry = actors(actor._actor_id.hex())
-    return entry["Pid"] != 0 or entry["State"] in ("ALIVE", "DEAD")
+    entry = actors(actor._actor_id.hex())  # a worker queued for a node has no "Pid" or address yet
+    return entry.get("Pid", 0) != 0 or entry.get("State") in ("ALIVE", "DEAD")
 
 
 class _Worker:
