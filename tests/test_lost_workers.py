@@ -91,6 +91,20 @@ def uninterrupted(tmp_path: Path, raw: dict[str, Any]) -> list[dict[str, Any]]:
     return metrics(Path(run(parse_config(inline))["run_dir"]))
 
 
+def stopped_in_round_3(err: str, run_dir: Path, clients: str, node: str) -> None:
+    """``err`` is one line, that of a run stopped in round 3 by a lost worker of ``clients`` on ``node`` (regexes),
+    and ``run_dir`` keeps the checkpoint of round 2 and no summary."""
+    lines = err.splitlines()
+    assert len(lines) == 1, err[-3000:]  # one line, no traceback, nothing of Ray's or Flower's on stderr
+    assert re.fullmatch(
+        rf"fedsim: error: round 3, training: {clients}: their Ray worker {node}died during the round "
+        r"\(Actor\w*Error: .+\) \(train\.on_client_failure: skip goes on without them\); the last good "
+        r"checkpoint \(round 2\) is in .*",
+        lines[0],
+    ), lines[0]
+    assert Checkpoint.load(run_dir).round == 2 and not (run_dir / "summary.json").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.long
 @ENGINES
@@ -102,17 +116,8 @@ def test_fail_stops_in_one_line_keeps_the_checkpoint_and_resume_finishes_the_run
     raw = lost_config(tmp_path, engine, "DyingScaffold")
     code, err = finished(fedsim("run", str(write_config(tmp_path, raw)), worker_end="3:1:exit"))
     assert code == 2, err[-3000:]
-    lines = err.splitlines()
-    assert len(lines) == 1, err[-3000:]  # one line, no traceback, nothing of Ray's or Flower's on stderr
-    (line,) = lines
-    assert re.fullmatch(
-        r"fedsim: error: round 3, training: clients? [0-9, ]*\b1\b[0-9, ]*: their Ray worker died during the round "
-        r"\(Actor\w*Error: [^)]+\) \(train\.on_client_failure: skip goes on without them\); the last good "
-        r"checkpoint \(round 2\) is in .*",
-        line,
-    ), line
     run_dir = tmp_path / "run"
-    assert Checkpoint.load(run_dir).round == 2 and not (run_dir / "summary.json").exists()
+    stopped_in_round_3(err, run_dir, r"clients? [0-9, ]*\b1\b[0-9, ]*", r"(on node \S+ \(id \w+\) )?")
 
     code, err = finished(fedsim("run", "--resume", str(run_dir)))
     assert code == 0, err[-3000:]
@@ -142,7 +147,8 @@ def test_skip_goes_on_without_the_clients_of_a_killed_worker_and_a_new_worker_se
     if engine is POOL:  # its worker kept its clients' state, which a new worker starts without
         (replaced,) = said[:-1]
         assert re.fullmatch(
-            r"fedsim: warning: clients [0-9, ]+: their Ray worker died during the round \(ActorDiedError: .+\); a "
+            r"fedsim: warning: clients [0-9, ]+: their Ray worker on node \S+ \(id \w+\) died during the round "
+            r"\(ActorDiedError: .+\); a "
             r"new one serves them, their client state \(Context\.state\) starting empty",
             replaced,
         ), replaced

@@ -8,24 +8,31 @@ bit for bit. Nodes are stopped as tests/test_ray_cluster.py stops its head, neve
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from fedsim.engines.ray_pool import PLACE_S
 from fedsim.engines.runner import OFFLINE_ENV
+from fedsim.record.checkpoint import Checkpoint
 from fedsim.record.reader import read_workers
-from tests.conftest import REPO, ip_command, small_config
+from tests.conftest import REPO, ip_command, small_config, write_config
+from tests.plugins.dying_worker import WORKER_END
 from tests.test_engines import metrics_of
-from tests.test_lost_workers import metrics
+from tests.test_lost_workers import finished, lost_config, metrics, stopped_in_round_3, uninterrupted
 from tests.test_ray_cluster import RAY_CLI, stop_node
 
 PORT = 6379  # Ray's own default: each namespace is a network of its own, where nothing else listens
@@ -39,11 +46,14 @@ class Cluster:
     ips: tuple[str, str]  # the head's address, the worker node's
 
 
+_PAIRS = itertools.count()
+
+
 @contextlib.contextmanager
 def linked_namespaces() -> Iterator[tuple[list[str], list[str]]]:
     """Two network namespaces joined by a veth pair: ([namespace, address] of each)."""
-    tag = os.getpid() % 10000
-    subnet = f"10.232.{tag % 250}"
+    tag = f"{os.getpid() % 10000}{next(_PAIRS)}"  # a pair of names per call: the module's cluster and a test's
+    subnet = f"10.232.{os.getpid() % 250}"  # each namespace is a network of its own: pairs may share it
     ends = [[f"frn{tag}a", f"{subnet}.1"], [f"frn{tag}b", f"{subnet}.2"]]
     made = []
     try:
@@ -73,13 +83,14 @@ def in_namespace(ns: str, *cmd: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def ray_node(ns: str, address: str, head: str | None, temp_dir: Path) -> Iterator[None]:
+def ray_node(ns: str, address: str, head: str | None, temp_dir: Path, **env: str) -> Iterator[None]:
     """``ray start --block`` in namespace ``ns`` on ``address``, one CPU and a small object store: the head
-    (``head`` None) or a worker node joining ``head``; stopped with every process of its node."""
+    (``head`` None) or a worker node joining ``head``, its workers given ``env`` too; stopped with every process
+    of its node."""
     role = ["--head", f"--port={PORT}", "--include-dashboard=false"] if head is None else [f"--address={head}"]
     args = ["start", "--block", *role, f"--node-ip-address={address}", "--num-cpus=1", "--num-gpus=0"]
     args += ["--object-store-memory=100000000", f"--temp-dir={temp_dir}", "--disable-usage-stats"]
-    env = {**os.environ, **OFFLINE_ENV, "FLWR_HOME": str(temp_dir / "flwr"), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, **OFFLINE_ENV, "FLWR_HOME": str(temp_dir / "flwr"), "PYTHONPATH": str(REPO), **env}
     with (temp_dir.parent / f"{temp_dir.name}.log").open("wb") as out:
         node = subprocess.Popen(
             in_namespace(ns, *RAY_CLI, *args), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -91,12 +102,13 @@ def ray_node(ns: str, address: str, head: str | None, temp_dir: Path) -> Iterato
 
 
 def wait_for_nodes(ns: str, address: str, count: int) -> None:
-    """Until ``count`` nodes of the cluster at ``address`` are alive, asked by a driver in namespace ``ns``."""
+    """Until ``count`` nodes of the cluster at ``address`` are alive (a lost node counts until the head has
+    marked it dead), asked by a driver in namespace ``ns``."""
     probe = (
         "import sys, time, ray\n"
         f"ray.init(address={address!r}, log_to_driver=False)\n"
         f"deadline = time.monotonic() + {NODE_WAIT_S}\n"
-        f"while sum(n['Alive'] for n in ray.nodes()) < {count}:\n"
+        f"while sum(n['Alive'] for n in ray.nodes()) != {count}:\n"
         "    if time.monotonic() > deadline: sys.exit(f'nodes alive: {ray.nodes()}')\n"
         "    time.sleep(0.5)\n"
     )
@@ -148,3 +160,134 @@ def test_a_run_places_its_workers_on_both_nodes_and_gives_the_inline_metrics(
     assert sorted(w["node_ip"] for w in workers) == sorted(two_nodes.ips)
     assert len({w["node_id"] for w in workers}) == 2
     assert metrics(tmp_path / "nodes") == inline
+
+
+@dataclass
+class LosingCluster:
+    """A head and a worker node whose workers hang as they begin round :data:`LOST_IN`, for the test to kill
+    the worker node then; ``heal`` starts a worker node again in its namespace."""
+
+    cluster: Cluster
+    worker_namespace: str
+    pids: Path  # where the hanging worker writes its process id
+    heal: Callable[[], None]
+
+    def lose_worker_node(self, run: subprocess.Popen[str]) -> None:
+        """Once the worker node's worker hangs in round LOST_IN of ``run``, SIGKILL every process of the node."""
+        deadline = time.monotonic() + 600
+        while not any(self.pids.glob("*.pid")):
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-3000:]
+            time.sleep(0.1)
+        pids = subprocess.run(["ip", "netns", "pids", self.worker_namespace], capture_output=True, text=True)
+        for pid in pids.stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+LOST_IN = 3  # the round in which the worker node is lost (tests.test_lost_workers.stopped_in_round_3)
+
+
+@pytest.fixture
+def losing_cluster(tmp_path: Path) -> Iterator[LosingCluster]:
+    root = Path(tempfile.mkdtemp(prefix="rl", dir="/tmp"))  # Ray's socket paths must stay < 108 bytes
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    try:
+        with linked_namespaces() as ((ns_a, ip_a), (ns_b, ip_b)), contextlib.ExitStack() as nodes:
+            head = f"{ip_a}:{PORT}"
+            nodes.enter_context(ray_node(ns_a, ip_a, None, root / "a"))
+            nodes.enter_context(ray_node(ns_b, ip_b, head, root / "b", **{WORKER_END: f"{LOST_IN}:*:hang:{pids}"}))
+            wait_for_nodes(ns_a, head, 2)
+
+            def heal() -> None:
+                wait_for_nodes(ns_a, head, 1)  # the lost node marked dead: a pool sized now would count it
+                nodes.enter_context(ray_node(ns_b, ip_b, head, root / "healed"))
+                wait_for_nodes(ns_a, head, 2)
+
+            yield LosingCluster(Cluster(ns_a, head, (ip_a, ip_b)), ns_b, pids, heal)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def fedsim_in(cluster: Cluster, tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    """``fedsim ARGS`` in the head's namespace, in a process of its own."""
+    env = {**os.environ, **OFFLINE_ENV, "FLWR_HOME": str(tmp_path / "flwr"), "PYTHONPATH": str(REPO)}
+    env.pop(WORKER_END, None)
+    cmd = in_namespace(cluster.namespace, sys.executable, "-m", "fedsim.app.cli", *args)
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def node_lost_config(tmp_path: Path, cluster: Cluster, strategy: str, policy: str) -> Path:
+    raw = lost_config(tmp_path, {}, strategy, on_client_failure=policy, rounds=5)
+    raw["simulation"] = {"backend": "ray", "ray_address": cluster.address, "client_resources": {"num_cpus": 1}}
+    return write_config(tmp_path, raw)
+
+
+def lost_worker(run_dir: Path, ip: str) -> dict[str, Any]:
+    """The line of ``workers.jsonl`` of the worker that ran on the node at ``ip``."""
+    (worker,) = [w for w in read_workers(run_dir) if w["node_ip"] == ip]
+    return worker
+
+
+@pytest.mark.hosts
+def test_skip_goes_on_with_the_remaining_node_serving_all(losing_cluster: LosingCluster, tmp_path: Path) -> None:
+    cluster = losing_cluster.cluster
+    config = node_lost_config(tmp_path, cluster, "DyingFedAvg", "skip")
+    started = time.monotonic()
+    run = fedsim_in(cluster, tmp_path, "run", str(config))
+    losing_cluster.lose_worker_node(run)
+    code, err = finished(run)
+    assert code == 0, err[-3000:]
+    # the replacement's wait for a node, PLACE_S, once (each of rounds 3-5 waiting would add 2 more); then the
+    # head's worker serves every client
+    assert time.monotonic() - started < 2 * PLACE_S + 240, err[-3000:]
+
+    lost = lost_worker(tmp_path / "run", cluster.ips[1])
+    clients = lost["clients"]
+    lines = metrics(tmp_path / "run")
+    assert [m["round"] for m in lines] == [1, 2, 3, 4, 5]
+    assert [m.get("failed_clients") for m in lines] == [None, None, {str(LOST_IN): clients}, None, None]
+    assert all(acc is not None for m in lines[LOST_IN:] for acc in m["client_acc"])
+    assert Checkpoint.load(tmp_path / "run").round == 4  # the lost clients' state saved by the head's worker
+    said = [line for line in err.splitlines() if line.startswith("fedsim:")]
+    listed = ", ".join(map(str, clients))
+    where = rf"on node {re.escape(cluster.ips[1])} \(id {lost['node_id']}\)"
+    assert len(said) == 3, err[-3000:]
+    assert re.fullmatch(
+        rf"fedsim: warning: clients {listed}: their Ray worker {where} died during the round \(Actor\w*Error: .+\); "
+        r"a new one serves them, their client state \(Context\.state\) starting empty",
+        said[0],
+    ), said[0]
+    assert said[1] == (
+        f"fedsim: warning: clients {listed}: no node of the Ray cluster took their Ray worker within {PLACE_S:g} s "
+        "(none has room for simulation.client_resources: num_cpus 1, num_gpus 0); the pool's other workers serve "
+        "them from now on, their client state (Context.state) starting empty"
+    )
+    assert said[2] == (
+        "fedsim: warning: rounds that went on without clients that failed (train.on_client_failure: skip; "
+        f"failed_clients in metrics.jsonl): round {LOST_IN}: {listed}"
+    )
+    assert "Traceback" not in err
+
+
+@pytest.mark.hosts
+def test_fail_names_the_lost_node_and_resume_on_the_healed_cluster_finishes_the_run(
+    losing_cluster: LosingCluster, tmp_path: Path
+) -> None:
+    cluster = losing_cluster.cluster
+    config = node_lost_config(tmp_path, cluster, "DyingScaffold", "fail")  # SCAFFOLD: client state restored
+    run = fedsim_in(cluster, tmp_path, "run", str(config))
+    losing_cluster.lose_worker_node(run)
+    code, err = finished(run)
+    assert code == 2, err[-3000:]
+    run_dir = tmp_path / "run"
+    lost = lost_worker(run_dir, cluster.ips[1])
+    node = rf"on node {re.escape(cluster.ips[1])} \(id {lost['node_id']}\) "
+    stopped_in_round_3(err, run_dir, f"clients {', '.join(map(str, lost['clients']))}", node)
+
+    losing_cluster.heal()
+    code, err = finished(fedsim_in(cluster, tmp_path, "run", "--resume", str(run_dir)))
+    assert code == 0, err[-3000:]
+    assert metrics(run_dir) == uninterrupted(tmp_path, yaml.safe_load(config.read_text()))
+    resumed = read_workers(run_dir)[-2:]  # the resumed pool's workers, on both nodes again
+    assert sorted(w["node_ip"] for w in resumed) == sorted(cluster.ips) and not any(w["replaces"] for w in resumed)

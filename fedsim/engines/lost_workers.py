@@ -24,14 +24,17 @@ def ray_cause(kind: str, text: str) -> str:
     return f"{kind}: {(because if dead else words).split(' Some common causes include')[0]}"
 
 
-def worker_died(kind: str, text: str) -> str:
-    """The reason a client's message failed when Ray says its worker is gone."""
-    return f"their Ray worker died during the round ({ray_cause(kind, text)})"
+def worker_died(kind: str, text: str, node: str | None = None) -> str:
+    """The reason a client's message failed when Ray says its worker is gone; ``node``: where the worker ran
+    (its node's address and id, as ``workers.jsonl`` names them), when known."""
+    on = f" on node {node}" if node else ""
+    return f"their Ray worker{on} died during the round ({ray_cause(kind, text)})"
 
 
-def how_lost(err: RayError) -> str:
-    """How a worker came to bring no replies: died (Ray's words), or raised outside the ClientApp."""
+def how_lost(err: RayError, node: str | None = None) -> str:
+    """How a worker (on ``node``, when known) came to bring no replies: died (Ray's words), or raised outside the
+    ClientApp."""
     if isinstance(err, RayTaskError):
         cause = err.cause if isinstance(err.cause, BaseException) else err
         return " ".join(f"their Ray worker raised {type(cause).__name__}: {cause}".split())
-    return worker_died(type(err).__name__, str(err))
+    return worker_died(type(err).__name__, str(err), node)

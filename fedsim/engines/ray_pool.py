@@ -11,6 +11,12 @@ clients, and the worker is stopped and replaced by a fresh one before its next b
 (``Context.state``) went with it, so theirs starts empty again, as a client's that never trained (a warning
 says so once).
 
+A replacement worker that no node of the cluster takes within PLACE_S (its node was
+lost, and no other has room for ``simulation.client_resources``) is not waited on round after round: its
+clients fail that phase of the round, the worker is stopped, and the pool shrinks: its clients go to the
+pool's placed workers, round robin, their client state empty again (a warning says so once). With no placed
+worker left, they fail every round, at once, until a node takes the queued worker.
+
 Each worker, as it starts, says where Ray placed it (its node, the GPUs Ray assigned it, the
 ``CUDA_VISIBLE_DEVICES`` Ray set, the device torch computes on); the pool appends that to the run's
 ``workers.jsonl`` (:class:`fedsim.record.schemas.WorkerRecord`), a replacement's line naming how the worker it
@@ -22,7 +28,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +41,35 @@ from ray.exceptions import RayError
 
 from fedsim import wire
 from fedsim.config import SimulationConfig
-from fedsim.engines.local import deliver, node_id_of, node_states
+from fedsim.engines.local import deliver, node_context, node_id_of, node_states
 from fedsim.engines.lost_workers import how_lost
 from fedsim.engines.ray_cluster import init_ray
 from fedsim.errors import ConfigError, FedsimWarning
 from fedsim.record.writer import append_workers
 
 START_S = 600.0  # a new worker's time to start, as discovery (fedsim.server.discovery) gives every node
+PLACE_S = 120.0  # a replacement's time to be taken by a node: seconds where a node has room, on a loaded machine too
+PLACE_POLL_S = 0.5  # Ray has no future for "placed": the worker's entry in the GCS's actor table is read
 
 
 class ReplacedWorker(FedsimWarning):
     """A Ray worker of the pool was lost and a fresh one serves its clients, their client state empty."""
+
+
+class UnplacedWorker(FedsimWarning):
+    """No node of the Ray cluster has room for a worker of the pool: the others serve its clients, or with none
+    placed, its clients fail until a node has room."""
+
+
+def on_a_node(actor: ActorHandle) -> bool:
+    """Whether a node has taken ``actor`` (its worker process starting or started), from the GCS's actor table
+    (Ray's state API, ``ray.util.state``, needs the dashboard, which a cluster may run without): a worker no
+    node has taken yet has no process id, even while the GCS offers it to a node (one that may be gone). A dead
+    one counts as taken: its batch fails at once, as a lost worker's."""
+    from ray._private.state import actors
+
+    entry = actors(actor._actor_id.hex())  # a worker queued for a node has no "Pid" or address yet
+    return entry.get("Pid", 0) != 0 or entry.get("State") in ("ALIVE", "DEAD")
 
 
 class _Worker:
@@ -53,7 +77,14 @@ class _Worker:
         from fedsim.client.app import app  # imported in the actor's process
 
         self.app = app
+        self.run_id, self.num_partitions = run_id, num_partitions
         self.nodes = node_states(run_id, partitions, num_partitions, state_memory_mb)
+
+    def adopt(self, partitions: list[int]) -> None:
+        """Serve ``partitions`` too, their state empty (their worker was lost and no node has room for another)."""
+        self.nodes.contexts.update(
+            (node_id_of(p), node_context(self.run_id, p, self.num_partitions)) for p in partitions
+        )
 
     def execute(self, messages: list[Message]) -> list[Message]:
         return deliver(self.app, messages, self.nodes)
@@ -113,7 +144,7 @@ class RayPoolExecutor:
             self.actors = []
             self.shutdown()
             raise
-        res = sim.client_resources
+        res = self._actor_resources = sim.client_resources
         self._actor = ray.remote(num_cpus=res.num_cpus, num_gpus=res.num_gpus)(_Worker)
         self._args = (run_id, num_partitions, sim.state_memory_mb / size)  # the memory budget is the whole pool's
         self.partitions = [list(range(a, num_partitions, size)) for a in range(size)]
@@ -121,6 +152,10 @@ class RayPoolExecutor:
         self.actors: list[ActorHandle] = [self._start(a) for a in range(size)]
         self.lost: dict[int, str] = {}  # actor -> how its worker was lost; replaced before its next batch
         self.starting = set(range(size))  # actors whose first batch is still to come
+        self.placing: set[int] = set()  # replacements no node was seen to take yet (the first workers: START_S)
+        self.unplaced: set[int] = set()  # of those, the ones past their PLACE_S: their clients fail at once
+        self.where: dict[int, str] = {}  # actor -> its worker's node, as workers.jsonl names it
+        self.gone: set[int] = set()  # actors stopped as the pool shrank, their clients served by others
         self._nodes = [node_id_of(p) for p in range(num_partitions)]
 
     def _start(self, a: int, replaces: str | None = None) -> ActorHandle:
@@ -147,6 +182,7 @@ class RayPoolExecutor:
                 except RayError:  # died first: _lose says how, and the replacement's line
                     pass
         self._placing = [(ref, line) for ref, line in self._placing if ref not in ready]
+        self.where.update((w["actor"], f"{w['node_ip']} (id {w['node_id']})") for w in placed)
         if placed:
             append_workers(self._run_dir, placed)
 
@@ -156,14 +192,19 @@ class RayPoolExecutor:
     def execute(self, messages: Sequence[Message], timeout: float | None = None) -> list[Message]:
         """The replies to ``messages``, in their order: a worker's own, or for each message of a batch whose
         worker was lost meanwhile an error reply saying how; none for a batch still running after ``timeout``
-        seconds (that worker is stopped). A lost worker is replaced before its next batch."""
+        seconds (that worker is stopped); for each message of a worker that no node takes (PLACE_S), an error reply
+        saying so. A lost worker is replaced before its next batch."""
         self._replace_lost()
         batches: dict[int, list[int]] = {}
         for i, m in enumerate(messages):
             batches.setdefault(self.owner[m.metadata.dst_node_id], []).append(i)
+        replies: dict[int, Message] = {}
+        unplaced = self._unplaced(batches)
+        reason = self._unplaced_reason()
+        for i in (i for a in unplaced for i in batches.pop(a)):
+            replies[i] = wire.failure_reply(messages[i], reason, wire.CLIENT_APP_CRASHED)
         futures = {a: self.actors[a].execute.remote([messages[i] for i in idx]) for a, idx in batches.items()}
         ready = self._wait(futures, timeout)
-        replies: dict[int, Message] = {}
         for a, future in futures.items():
             idx = batches[a]
             if future not in ready:  # the round loop finds these replies missing and says after how long
@@ -172,10 +213,58 @@ class RayPoolExecutor:
             try:
                 replies.update(zip(idx, ray.get(future), strict=True))
             except RayError as err:
-                self._lose(a, how_lost(err))
+                self._lose(a, how_lost(err, self.where.get(a)))
                 replies.update((i, wire.failure_reply(messages[i], self.lost[a], wire.CLIENT_APP_CRASHED)) for i in idx)
         self._record_placements()  # a worker that served its batch answered where it was placed before it
         return [replies[i] for i in sorted(replies)]
+
+    def _unplaced(self, actors: Iterable[int]) -> set[int]:
+        """Of ``actors``, those whose worker no node has taken: one started since it was last asked about is
+        given PLACE_S to be taken, one already past its PLACE_S is asked once."""
+        waiting = [a for a in actors if a in self.placing]
+        deadline = time.monotonic() + (PLACE_S if set(waiting) - self.unplaced else 0.0)
+        while True:
+            self.placing -= {a for a in waiting if on_a_node(self.actors[a])}
+            waiting = [a for a in waiting if a in self.placing]
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(PLACE_POLL_S)
+        if new := sorted(set(waiting) - self.unplaced):
+            clients = ", ".join(str(p) for a in new for p in self.partitions[a])
+            to = "the pool's other workers serve them from now on, their client state (Context.state) starting empty"
+            warnings.warn(
+                f"clients {clients}: {self._unplaced_reason()}; "
+                f"{to if self._shrink(new) else 'the run goes on without them until a node takes it'}",
+                UnplacedWorker,
+                stacklevel=3,
+            )
+        self.unplaced = ((self.unplaced & self.placing) | set(waiting)) - self.gone
+        return set(waiting)
+
+    def _shrink(self, unplaced: list[int]) -> bool:
+        """Stop the queued workers of ``unplaced`` and hand their clients to the placed ones, round robin; False
+        (nothing done) when no worker is placed."""
+        placed = [a for a in range(len(self.actors)) if a not in self.placing | self.gone | self.lost.keys()]
+        if not placed:
+            return False
+        for a in unplaced:
+            ray.kill(self.actors[a])
+            for i, p in enumerate(self.partitions[a]):
+                to = placed[i % len(placed)]
+                self.actors[to].adopt.remote([p])  # before its next batch: an actor runs its calls in order
+                self.partitions[to].append(p)
+                self.owner[node_id_of(p)] = to
+            self.partitions[a] = []
+        self.gone |= set(unplaced)
+        self.placing -= self.gone
+        return True
+
+    def _unplaced_reason(self) -> str:
+        res = self._actor_resources
+        return (
+            f"no node of the Ray cluster took their Ray worker within {PLACE_S:g} s (none has room for "
+            f"simulation.client_resources: num_cpus {res.num_cpus:g}, num_gpus {res.num_gpus:g})"
+        )
 
     def _wait(self, futures: dict[int, ObjectRef], timeout: float | None) -> set[ObjectRef]:
         """The batches done within ``timeout`` seconds, or a new worker's first within START_S more: its start-up
@@ -197,6 +286,7 @@ class RayPoolExecutor:
         for a, how in sorted(self.lost.items()):
             self.actors[a] = self._start(a, replaces=how)
             self.starting.add(a)
+            self.placing.add(a)
             clients = ", ".join(map(str, self.partitions[a]))
             warnings.warn(
                 f"clients {clients}: {how}; a new one serves them, their client state (Context.state) starting empty",
@@ -207,9 +297,10 @@ class RayPoolExecutor:
 
     def shutdown(self) -> None:
         self._record_placements()
-        for a in self.actors:
+        for i, a in enumerate(self.actors):
             try:
-                ray.get(a.close.remote(), timeout=30)  # its spilled states
+                if i not in self.unplaced | self.gone:  # a worker queued or stopped has no process to ask
+                    ray.get(a.close.remote(), timeout=30)  # its spilled states
             except Exception:  # noqa: BLE001 (an actor that died has nothing left to remove)
                 pass
             ray.kill(a)

@@ -4,9 +4,10 @@ number for number. The environment variable ``FEDSIM_TEST_WORKER_END`` says when
 ``ROUND:PARTITION:exit`` ends the worker's process with SIGKILL as the client begins that round (as the
 OOM killer would; ``os._exit`` in plugin code is a failure naming the plugin instead, fedsim.plugin_guard);
 ``ROUND:PARTITION:hang:DIR`` writes the process id to ``DIR/<partition>.pid`` and sleeps (for a test to
-SIGKILL it from outside, or for ``train.round_timeout_s`` to end). Unset: the strategy computes exactly
-what its base does, so a run resumed without the variable continues the run that had it. Ray's workers
-inherit the variable from the process that starts Ray."""
+SIGKILL it from outside, or for ``train.round_timeout_s`` to end); PARTITION ``*``: the first partition of the
+round that the worker serves. Unset: the strategy computes exactly what its base does, so a run resumed
+without the variable continues the run that had it. Ray's workers inherit the variable from the process that
+starts Ray (on a cluster: ``ray start`` on their node)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ WORKER_END = "FEDSIM_TEST_WORKER_END"
 
 def end_worker_if_asked(info: RoundInfo) -> None:
     when = os.environ.get(WORKER_END, "").split(":")
-    if len(when) < 3 or (int(when[0]), int(when[1])) != (info.server_round, info.partition_id):
+    if len(when) < 3 or int(when[0]) != info.server_round or when[1] not in ("*", str(info.partition_id)):
         return
     if when[2] == "exit":
         os.kill(os.getpid(), signal.SIGKILL)
