@@ -120,11 +120,26 @@ def cpu_kind() -> dict[str, str]:
     return kind
 
 
+NAMED_FOR_BIT_FOR_BIT = ("torch", "cpu_capability", "vendor")  # what files must name to be held bit for bit
+
+
 def same_cpu_kind(meta: dict[str, str]) -> bool:
-    """True where the files' kernels run here: every fact of :func:`cpu_kind` (and torch's version) that
-    the files name is this machine's (files that name only the capability are matched on it alone)."""
+    """True where the files' kernels run here: they name torch's version, the CPU capability and the vendor
+    (MKL and oneDNN choose kernels by vendor under one capability: AVX2 on an Intel and on an AMD core round
+    differently), and every fact of :func:`cpu_kind` they name is this machine's. Files that name less are
+    compared as another kind's."""
     here = {**cpu_kind(), "torch": torch.__version__}
-    return all(meta[key] == value for key, value in here.items() if key in meta)
+    named = all(key in meta for key in NAMED_FOR_BIT_FOR_BIT)
+    return named and all(meta[key] == value for key, value in here.items() if key in meta)
+
+
+def test_files_held_bit_for_bit_name_this_cpus_vendor() -> None:
+    """Recordings that name the capability alone (../shared/golden-other-cpu: an AMD AVX2 core) are compared as
+    another kind's here, whoever's core this is: under one capability the vendors' kernels round differently."""
+    here = {**cpu_kind(), "torch": torch.__version__}
+    assert same_cpu_kind(here)
+    assert not same_cpu_kind({k: v for k, v in here.items() if k != "vendor"})
+    assert not same_cpu_kind({**here, "vendor": "another vendor"})
 
 
 def images_behind(run_dir: Path) -> dict[str, Any]:
