@@ -256,11 +256,23 @@ def _deliver_again(unraisable: Any) -> None:
     to be raised in the main thread once this hook has returned (from a thread: the handler would otherwise run
     inside this hook, where its exception is dropped again); any other unraisable exception goes to the hook
     before it."""
+    global _in_hook
     if isinstance(unraisable.exc_value, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
         signum = signal.SIGTERM if isinstance(unraisable.exc_value, Terminated) else signal.SIGINT
-        threading.Timer(0.01, _thread.interrupt_main, (signum,)).start()
+        _in_hook = True
+        threading.Thread(target=_interrupt_main_after_hook, args=(signum,), daemon=True).start()
+        _in_hook = False  # no check for signals follows in this hook: the handler runs after it has returned
         return
     _hook_before(unraisable)
+
+
+_in_hook = False  # _deliver_again is still at a step where a signal's handler would run inside it
+
+
+def _interrupt_main_after_hook(signum: int) -> None:
+    while _in_hook:  # the handler must run after the hook: raised inside it, its exception is dropped again
+        time.sleep(0.001)
+    _thread.interrupt_main(signum)
 
 
 _hook_before = sys.unraisablehook
