@@ -228,6 +228,9 @@ class ClientResources(_Strict):
 
 THREADS_PER_CPU = 4  # simulation.threads' bound, in CPUs of the machine
 RAY_PROBE_TIMEOUT_S = 10.0  # the most simulation.ray_address's check waits for a Ray cluster to answer
+# the most a run waits, once a worker is lost, for the head to answer again: well inside the 60 s after which
+# Ray ends a driver whose GCS is gone (gcs_rpc_server_reconnect_timeout_s) in lines of its own
+RAY_HEAD_WAIT_S = 20.0
 # validation context: a run directory's config read back (fedsim report, plot), not run on this machine
 READ_BACK = "read_back"
 
@@ -245,7 +248,9 @@ class SimulationConfig(_Strict):
         pattern=r"^(auto|(ray://)?[^\s/]+:\d+)$",
         description="join an existing Ray cluster: auto, host:port (GCS) or ray://host:port (Ray Client); checked "
         f"before the run starts: a Ray of this Ray and Python version must answer there within {RAY_PROBE_TIMEOUT_S:g} "
-        "s; unset: a Ray instance of this process alone, every server on 127.0.0.1",
+        "s; unset: a Ray instance of this process alone, every server on 127.0.0.1. A head that goes away mid-run "
+        f"(its GCS, asked throughout each round, not answering within {RAY_HEAD_WAIT_S:g} s) stops the run in one "
+        "line, the last checkpoint kept",
     )
     device: Literal["cpu", "cuda"] = "cpu"
     threads: int | Literal["auto"] = Field(

@@ -55,6 +55,10 @@ class TrainingError(FedsimError):
     """Training diverged (NaN / inf) or a client failed beyond the failure policy."""
 
 
+class ClusterLost(TrainingError):
+    """The head of the Ray cluster a run's workers live on stopped answering mid-run: no round can go on."""
+
+
 class PluginExit(FedsimError):
     """A plugin called ``sys.exit`` or ``os._exit``: a failure of the plugin, never a run ending as a success
     (:mod:`fedsim.plugin_guard`)."""

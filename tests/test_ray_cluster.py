@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import ray
 
-from fedsim.config import RAY_PROBE_TIMEOUT_S, SimulationConfig
+from fedsim.config import RAY_HEAD_WAIT_S, RAY_PROBE_TIMEOUT_S, SimulationConfig
 from fedsim.config_file import parse_config
 from fedsim.engines import ray_pool
 from fedsim.engines.ray_address import check_ray_address
@@ -38,8 +38,11 @@ from fedsim.engines.ray_cluster import RAY_SERVICES, init_ray, workers_only
 from fedsim.engines.runner import OFFLINE_ENV, run
 from fedsim.errors import ConfigError
 from fedsim.ports import free_port, free_ports
+from fedsim.record.checkpoint import Checkpoint
 from tests.conftest import REPO, host_address, small_config, write_config
+from tests.plugins.dying_worker import WORKER_END
 from tests.test_engines import metrics_of
+from tests.test_lost_workers import fedsim, finished, lost_config, metrics
 
 RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]
 
@@ -48,6 +51,7 @@ RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]
 class Head:
     address: str  # the GCS, host:port
     temp_dir: Path
+    group: int  # the process group of `ray start --block`, its node's processes
 
     def jobs(self) -> dict[str, Any]:
         """The cluster's job table (job id -> info): one job per driver that connected."""
@@ -65,12 +69,21 @@ class Head:
 
 
 def node_pids(group: int, temp_dir: Path) -> list[int]:
-    """Processes of the node: its process group, or anything with its temp dir on the command line."""
+    """Processes of the node still running: its process group, or anything with its temp dir on the command line;
+    not the zombies of processes killed with their parent (where PID 1 does not reap them, they stay)."""
     pids = set()
     for args in (["pgrep", "-g", str(group)], ["pgrep", "-f", f"{temp_dir}/"]):
         out = subprocess.run(args, capture_output=True, text=True).stdout
         pids |= {int(p) for p in out.split()}
-    return sorted(pids)
+    return sorted(p for p in pids if not _zombie(p))
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # gone meanwhile
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
 
 
 @contextlib.contextmanager
@@ -94,7 +107,7 @@ def started_head(num_cpus: int, num_gpus: int) -> Iterator[Head]:
             if head.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"the Ray head did not start:\n{log.read_text()}")
             time.sleep(0.2)
-        yield Head(f"127.0.0.1:{port}", temp_dir)
+        yield Head(f"127.0.0.1:{port}", temp_dir, head.pid)
     finally:
         stop_node(head, temp_dir)
 
@@ -116,7 +129,9 @@ def stop_node(head: subprocess.Popen[bytes], temp_dir: Path) -> None:
             os.kill(pid, signal.SIGKILL)
     head.wait()
     shutil.rmtree(temp_dir, ignore_errors=True)
-    assert not left, f"the Ray head's processes outlived it by 60 s: {left}"
+    assert not left, "the Ray head's processes outlived it by 60 s:\n" + subprocess.run(
+        ["ps", "-o", "pid,ppid,pgid,stat,args", "-p", ",".join(map(str, left))], capture_output=True, text=True
+    ).stdout
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +162,48 @@ def test_run_on_existing_cluster_matches_inline(
     after = ray_head.jobs()  # ...from a cluster that is still up, where this run was one more job
     assert [after[j].driver_pid for j in after.keys() - before.keys()] == [os.getpid()]
     assert actor_class in ray_head.actor_classes()  # its clients ran in the cluster's workers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["fail", "skip"])
+def test_a_head_lost_mid_round_stops_the_run_in_one_line_within_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str
+) -> None:
+    # the head's own workers hang as round 3 begins; then every process of the head's node is SIGKILLed (as its
+    # machine going away would end them), the driver left running: neither policy can go on without a head
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    monkeypatch.setenv(WORKER_END, f"3:*:hang:{pids}")  # for the node's workers, not for the driver
+    with started_head(num_cpus=2, num_gpus=0) as head:
+        raw = lost_config(tmp_path, {}, "DyingFedAvg", on_client_failure=policy, rounds=5)
+        raw["simulation"] = {"backend": "ray", "ray_address": head.address, "client_resources": {"num_cpus": 1}}
+        run = fedsim("run", str(write_config(tmp_path, raw)))
+        deadline = time.monotonic() + 600
+        while not any(pids.glob("*.pid")):
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-3000:]
+            time.sleep(0.1)
+        for pid in node_pids(head.group, head.temp_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        lost = time.monotonic()
+        code, err = finished(run)
+        took = time.monotonic() - lost
+        assert not node_pids(head.group, head.temp_dir)  # nothing of the head's node left running
+
+    assert code == 2, err[-3000:]
+    lines = err.splitlines()
+    assert len(lines) == 1, err[-3000:]  # no traceback, none of Ray's lines, no warning of a replaced worker
+    gcs = re.escape(head.address.rpartition(":")[2])
+    assert re.fullmatch(
+        rf"fedsim: error: round 3, training: the Ray cluster's head \(its GCS at [\d.]+:{gcs}\) did not answer "
+        rf"within {RAY_HEAD_WAIT_S:g} s \(.+\); the last good checkpoint \(round 2\) is in .+",
+        lines[0],
+    ), lines[0]
+    # the bound and the shutdown after it; Ray's own, a minute after the GCS went, would end it in lines of its own
+    assert took < RAY_HEAD_WAIT_S + 35, took
+    run_dir = tmp_path / "run"
+    assert [m["round"] for m in metrics(run_dir)] == [1, 2]
+    assert Checkpoint.load(run_dir).round == 2 and not (run_dir / "summary.json").exists()
 
 
 @pytest.mark.slow

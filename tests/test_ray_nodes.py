@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fedsim.engines.ray_pool import PLACE_S
+from fedsim.config import RAY_HEAD_WAIT_S
+from fedsim.engines.ray_pool import CLOSE_LOST_S, HEAD_POLL_S, PLACE_S
 from fedsim.engines.runner import OFFLINE_ENV
 from fedsim.record.checkpoint import Checkpoint
 from fedsim.record.reader import read_workers
@@ -174,14 +175,48 @@ class LosingCluster:
 
     def lose_worker_node(self, run: subprocess.Popen[str]) -> None:
         """Once the worker node's worker hangs in round LOST_IN of ``run``, SIGKILL every process of the node."""
+        self._lose_node(run, self.worker_namespace)
+
+    def lose_head(self, run: subprocess.Popen[str]) -> None:
+        """Once the worker node's worker hangs in round LOST_IN of ``run``, SIGKILL every process of the head's
+        node: every process of its namespace but ``run``, the driver."""
+        self._lose_node(run, self.cluster.namespace)
+
+    def _lose_node(self, run: subprocess.Popen[str], namespace: str) -> None:
         deadline = time.monotonic() + 600
         while not any(self.pids.glob("*.pid")):
             assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-3000:]
             time.sleep(0.1)
-        pids = subprocess.run(["ip", "netns", "pids", self.worker_namespace], capture_output=True, text=True)
-        for pid in pids.stdout.split():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+        # until none is left: a raylet being killed may still start an agent, which no machine gone would
+        deadline = time.monotonic() + 60
+        while pids := [p for p in namespace_pids(namespace) if not descends_from(p, run.pid)]:
+            assert time.monotonic() < deadline, pids
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.5)
+
+def namespace_pids(namespace: str) -> list[int]:
+    """The processes of network namespace ``namespace`` still running (not zombies)."""
+    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
+    return [p for p in map(int, pids) if proc_stat(p)[0] not in ("Z", "gone")]
+
+
+def proc_stat(pid: int) -> tuple[str, int]:
+    """A process's state letter and parent's pid (("gone", 0) once it ended)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return "gone", 0
+    return fields[0], int(fields[1])
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        pid = proc_stat(pid)[1]
+    return False
 
 
 LOST_IN = 3  # the round in which the worker node is lost (tests.test_lost_workers.stopped_in_round_3)
@@ -291,3 +326,29 @@ def test_fail_names_the_lost_node_and_resume_on_the_healed_cluster_finishes_the_
     assert metrics(run_dir) == uninterrupted(tmp_path, yaml.safe_load(config.read_text()))
     resumed = read_workers(run_dir)[-2:]  # the resumed pool's workers, on both nodes again
     assert sorted(w["node_ip"] for w in resumed) == sorted(cluster.ips) and not any(w["replaces"] for w in resumed)
+
+
+@pytest.mark.hosts
+def test_a_head_lost_while_the_round_waits_on_the_worker_node_stops_in_one_line(
+    losing_cluster: LosingCluster, tmp_path: Path
+) -> None:
+    # the head's worker ends with its node, the worker node's hangs on: the pool sees the head gone from its wait
+    # (HEAD_POLL_S), not from the hanging worker, and stops before Ray's own minute ends the driver
+    cluster = losing_cluster.cluster
+    run = fedsim_in(cluster, tmp_path, "run", str(node_lost_config(tmp_path, cluster, "DyingFedAvg", "skip")))
+    losing_cluster.lose_head(run)
+    lost = time.monotonic()
+    code, err = finished(run)
+    assert code == 2, err[-3000:]
+    assert time.monotonic() - lost < HEAD_POLL_S + RAY_HEAD_WAIT_S + CLOSE_LOST_S + 30, err[-3000:]
+    (line,) = err.splitlines()  # no traceback, none of Ray's lines
+    assert re.fullmatch(
+        rf"fedsim: error: round {LOST_IN}, training: the Ray cluster's head \(its GCS at "
+        rf"{re.escape(cluster.address)}\) did not answer within {RAY_HEAD_WAIT_S:g} s \(.+\); the last good "
+        r"checkpoint \(round 2\) is in .+",
+        line,
+    ), line
+    assert [m["round"] for m in metrics(tmp_path / "run")] == [1, 2]
+    # a worker node whose head is gone keeps its agents retrying the GCS, deaf to SIGTERM, for over a minute:
+    # what stays of the cluster is ended as a lost node
+    losing_cluster.lose_worker_node(run)

@@ -22,15 +22,21 @@ Of what Ray forwards to this process's console, the workers' lines (a plugin's p
 those of Ray's own processes (the raylet's, the GCS's, the autoscaler's and the runtime-env agent's error logs)
 dropped (:func:`_forward_workers_only`): they are Ray's account of a fault that fedsim states in its own one line,
 and they stay in the session's log files.
+
+A head that goes away mid-run (its GCS killed, its machine gone) takes the workers on it with it; the pool asks
+:func:`head_gone` whenever a worker is lost, and a head that does not answer within ``RAY_HEAD_WAIT_S`` ends the
+run in fedsim's one line, before Ray's own bound (a minute) ends the driver in lines of its own.
 """
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
-from fedsim.config import SimulationConfig
+from fedsim.config import RAY_HEAD_WAIT_S, SimulationConfig
 from fedsim.engines.ray_address import FIELD, probe_cluster
 from fedsim.environment import check_ray_started, check_ray_temp_dir
 from fedsim.errors import ConfigError, FedsimError
@@ -142,3 +148,23 @@ def init_ray(sim: SimulationConfig) -> bool:
         why = " ".join(str(err).split())  # Ray's messages span lines (a version mismatch: seven)
         raise ConfigError(f"{FIELD} = {sim.ray_address!r}: could not join the Ray cluster: {why}") from err
     return True
+
+
+def head_gone(within: float = RAY_HEAD_WAIT_S) -> str | None:
+    """Why the head of the Ray cluster this process is connected to is gone (its GCS refused or ignored a
+    connection for ``within`` seconds, retried each second: a restarting head has that long), or None once it
+    answers."""
+    import ray
+
+    address = ray.get_runtime_context().gcs_address  # this driver's own record: asks nothing of the GCS
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=max(deadline - time.monotonic(), 0.1)).close()
+            return None
+        except OSError as err:
+            if time.monotonic() >= deadline:
+                why = err.strerror or type(err).__name__
+                return f"the Ray cluster's head (its GCS at {address}) did not answer within {within:g} s ({why})"
+            time.sleep(1.0)

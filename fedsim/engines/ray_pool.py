@@ -25,6 +25,7 @@ took over from was lost.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -43,12 +44,15 @@ from fedsim import wire
 from fedsim.config import SimulationConfig
 from fedsim.engines.local import deliver, node_context, node_id_of, node_states
 from fedsim.engines.lost_workers import how_lost
-from fedsim.engines.ray_cluster import init_ray
-from fedsim.errors import ConfigError, FedsimWarning
+from fedsim.engines.ray_cluster import head_gone, init_ray
+from fedsim.errors import ClusterLost, ConfigError, FedsimWarning
 from fedsim.record.writer import append_workers
 
 START_S = 600.0  # a new worker's time to start, as discovery (fedsim.server.discovery) gives every node
 PLACE_S = 120.0  # a replacement's time to be taken by a node: seconds where a node has room, on a loaded machine too
+CLOSE_S = 30.0  # the workers' time to remove their spilled client states as the pool shuts down
+CLOSE_LOST_S = 5.0  # the same once the cluster's head is lost: its own workers are gone, others may hang
+HEAD_POLL_S = 5.0  # while a round waits on its workers, how often the cluster's head is asked to answer
 PLACE_POLL_S = 0.5  # Ray has no future for "placed": the worker's entry in the GCS's actor table is read
 
 
@@ -156,6 +160,7 @@ class RayPoolExecutor:
         self.unplaced: set[int] = set()  # of those, the ones past their PLACE_S: their clients fail at once
         self.where: dict[int, str] = {}  # actor -> its worker's node, as workers.jsonl names it
         self.gone: set[int] = set()  # actors stopped as the pool shrank, their clients served by others
+        self.head_lost = False  # the cluster's head stopped answering (ClusterLost)
         self._nodes = [node_id_of(p) for p in range(num_partitions)]
 
     def _start(self, a: int, replaces: str | None = None) -> ActorHandle:
@@ -193,7 +198,9 @@ class RayPoolExecutor:
         """The replies to ``messages``, in their order: a worker's own, or for each message of a batch whose
         worker was lost meanwhile an error reply saying how; none for a batch still running after ``timeout``
         seconds (that worker is stopped); for each message of a worker that no node takes (PLACE_S), an error reply
-        saying so. A lost worker is replaced before its next batch."""
+        saying so. A lost worker is replaced before its next batch. A cluster head that does not answer, before
+        the batches or once one is lost, raises ClusterLost."""
+        self._check_head()  # one connection: a head holding none of the workers is seen gone here
         self._replace_lost()
         batches: dict[int, list[int]] = {}
         for i, m in enumerate(messages):
@@ -215,8 +222,15 @@ class RayPoolExecutor:
             except RayError as err:
                 self._lose(a, how_lost(err, self.where.get(a)))
                 replies.update((i, wire.failure_reply(messages[i], self.lost[a], wire.CLIENT_APP_CRASHED)) for i in idx)
+        if self.lost:  # with the head gone, no worker can be replaced, nor any round go on
+            self._check_head()
         self._record_placements()  # a worker that served its batch answered where it was placed before it
         return [replies[i] for i in sorted(replies)]
+
+    def _check_head(self) -> None:
+        if gone := head_gone():
+            self.head_lost = True
+            raise ClusterLost(gone)
 
     def _unplaced(self, actors: Iterable[int]) -> set[int]:
         """Of ``actors``, those whose worker no node has taken: one started since it was last asked about is
@@ -270,10 +284,28 @@ class RayPoolExecutor:
         """The batches done within ``timeout`` seconds, or a new worker's first within START_S more: its start-up
         (its process, imports and data) is not the round's, or a replacement slower to start than a round
         would be replaced again every round."""
-        ready = set(ray.wait(list(futures.values()), num_returns=len(futures), timeout=timeout)[0] if futures else [])
+        ready = self._wait_for(list(futures.values()), timeout)
         if starting := [f for a, f in futures.items() if a in self.starting and f not in ready]:
-            ready |= set(ray.wait(starting, num_returns=len(starting), timeout=START_S)[0])
+            ready |= self._wait_for(starting, START_S)
         self.starting -= futures.keys()
+        return ready
+
+    def _wait_for(self, refs: list[ObjectRef], timeout: float | None) -> set[ObjectRef]:
+        """Those of ``refs`` done within ``timeout`` seconds (None: all of them), the head asked after each
+        HEAD_POLL_S still waiting: a head lost while workers on other nodes run on is seen within the round."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ready: set[ObjectRef] = set()
+        while refs:
+            step = HEAD_POLL_S if deadline is None else min(HEAD_POLL_S, max(deadline - time.monotonic(), 0.0))
+            try:
+                done, refs = ray.wait(refs, num_returns=len(refs), timeout=step)
+            except OSError as err:  # this driver's own node is gone (Broken pipe): with the head, or alone
+                self._check_head()
+                raise ClusterLost(f"this process's Ray node went away ({type(err).__name__}: {err})") from None
+            ready.update(done)
+            if not refs or (deadline is not None and time.monotonic() >= deadline):
+                break
+            self._check_head()
         return ready
 
     def _lose(self, a: int, how: str) -> None:
@@ -297,13 +329,14 @@ class RayPoolExecutor:
 
     def shutdown(self) -> None:
         self._record_placements()
-        for i, a in enumerate(self.actors):
-            try:
-                if i not in self.unplaced | self.gone:  # a worker queued or stopped has no process to ask
-                    ray.get(a.close.remote(), timeout=30)  # its spilled states
-            except Exception:  # noqa: BLE001 (an actor that died has nothing left to remove)
-                pass
-            ray.kill(a)
+        # each worker removes its spilled states, all at once; a worker queued or stopped has no process to ask.
+        # After a head was lost, briefly: Ray ends this driver a minute after its GCS went, in lines of its own
+        asked = [a for i, a in enumerate(self.actors) if i not in self.unplaced | self.gone]
+        closing = [a.close.remote() for a in asked]
+        ray.wait(closing, num_returns=len(closing), timeout=CLOSE_LOST_S if self.head_lost else CLOSE_S)
+        for a in self.actors:
+            with contextlib.suppress(Exception):  # one already gone has nothing left to stop
+                ray.kill(a)
         self.actors = []
         if self._owns_ray:  # stops a Ray started here; from a joined cluster, only disconnects
             ray.shutdown()

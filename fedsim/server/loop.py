@@ -27,7 +27,7 @@ from fedsim.arrays import to_array_record
 from fedsim.cadence import EvalCadence
 from fedsim.config import RunConfig
 from fedsim.data.fingerprint import check_same_data
-from fedsim.errors import ConfigError, PluginExit, TrainingError
+from fedsim.errors import ClusterLost, ConfigError, PluginExit, TrainingError
 from fedsim.experiment.resolve import Experiment, build_server
 from fedsim.layout import torch_threads
 from fedsim.plugin_guard import plugin_code
@@ -89,11 +89,6 @@ class RoundLoop:
         chosen = self.sampler.sample(server_round)
         messages = self.strategy.configure("configure_train", server_round, arrays, self._config(), self.grid)
         replies = self._exchange(messages, chosen, server_round, "training")
-        if not replies:  # every client failed, and the policy let the round go on: nothing learned
-            raise TrainingError(
-                f"round {server_round}, training: no client sent a usable reply, so there is nothing to "
-                "aggregate (the reasons are above)"
-            )
         # a server step that overflows (FedYogi's Δ², η·m/√v) is a divergence, said in the run's one error line
         # below: numpy's RuntimeWarnings about it printed lines of their own before that line
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
@@ -146,7 +141,11 @@ class RoundLoop:
         sent = [p for p in partitions if p not in gone]
         timeout = self.cfg.train.round_timeout_s
         ordered = self.checkpoints.deliveries.stamp(addressed[self.node_of_partition[p]] for p in sent)
-        replies = list(self.grid.send_and_receive(ordered, timeout=timeout))
+        try:
+            replies = list(self.grid.send_and_receive(ordered, timeout=timeout))
+        except ClusterLost as err:
+            raise TrainingError(f"round {server_round}, {what}: {err}") from None
+        good = good_replies(replies)
         if missing := {**missing_replies(replies, sent, self.partition_of_node, timeout), **gone}:
             why = describe_failures(missing)
             if self.cfg.train.on_client_failure == "fail":
@@ -154,7 +153,9 @@ class RoundLoop:
                     f"round {server_round}, {what}: {why} (train.on_client_failure: skip goes on without them)"
                 )
             self.reporter.left_out(server_round, sorted(missing))
-        return good_replies(replies)
+            if not good and what == "training":  # every client failed: nothing learned, nothing to aggregate
+                raise TrainingError(f"round {server_round}, training: no client sent a usable reply ({why})")
+        return good
 
 
 @contextmanager
