@@ -22,6 +22,7 @@ from fedsim.strategies import (  # noqa: F401 (the built-ins register themselves
     fedbn,
     feddecorr,
     feddyn,
+    fedetf,
     fedexp,
     fedlc,
     fednova,

@@ -16,6 +16,7 @@ from pydantic.errors import PydanticInvalidForJsonSchema, PydanticSchemaGenerati
 
 from fedsim import wire
 from fedsim.errors import RegistryError, brief
+from fedsim.models import FedsimModel
 from fedsim.registry import Entry, PluginParams, Registry
 from fedsim.strategies.aggregation import FastAveraging
 from fedsim.strategies.hooks import ClientHooks
@@ -46,6 +47,11 @@ class StrategySpec:
     def client(self) -> ClientHooks:
         """The client half: a fresh hooks object (one per model a worker trains)."""
         return self.Client(self.params)
+
+    def adapt_model(self, model: FedsimModel, seed: int) -> FedsimModel:
+        """The run's model as this strategy trains it, from the recipe's ``model`` and the run's ``seed``: the same
+        on the server and every client (FedETF swaps the classifier for its fixed ETF). By default ``model``."""
+        return model
 
 
 class FlowerStrategySpec(StrategySpec):

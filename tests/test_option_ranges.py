@@ -116,6 +116,13 @@ PINNED: dict[str, corpus.Case] = {
     "fedrod-gamma-negative": run(
         "strategy={name: fedrod, gamma: -1}", expect=("strategy.gamma = -1", "greater than or equal to 0")
     ),
+    "fedetf-gamma-negative": run(
+        "strategy={name: fedetf, gamma: -1}", expect=("strategy.gamma = -1", "greater than or equal to 0")
+    ),
+    "fedetf-scale-zero": run("strategy={name: fedetf, scale: 0}", expect=("strategy.scale = 0", "greater than 0")),
+    "fedetf-etf-dim-below-classes": run(
+        "strategy={name: fedetf, etf_dim: 3}", expect=("strategy.etf_dim = 3", "etf_dim >= ")
+    ),
     "bn-momentum-above-one": run(
         "model.norm={name: bn, momentum: 2}", expect=("model.norm.momentum = 2", "less than or equal to 1")
     ),

@@ -57,7 +57,8 @@ class Experiment:
         machine can hold it (:func:`fedsim.models.size.check_size`: counted before any weight is allocated)."""
         ds = self.federation().dataset
         check_size(self.model, ds.num_classes, ds.in_shape, self.normaliser)
-        return self.model.create(ds.num_classes, ds.in_shape, self.normaliser)
+        model = self.model.create(ds.num_classes, ds.in_shape, self.normaliser)
+        return self.strategy.adapt_model(model, self.config.seed)
 
     def initial_model(self) -> FedsimModel:
         """The run's initial global model: the same weights for the same seed, in any process."""
