@@ -514,6 +514,16 @@ CASES: dict[str, Case] = {
     "plugin-server-raises": run(
         "strategy.name=bad_plugins:ServerRaises", expect=("building its server half", "RuntimeError"), setup="plugins"
     ),
+    "plugin-adapt-model-raises": run(
+        "strategy.name=bad_plugins:AdaptRaises",
+        expect=("strategy: 'bad_plugins:AdaptRaises' raised RuntimeError adapting the model: no model change today",),
+        setup="plugins",
+    ),
+    "plugin-adapt-model-returns-none": run(
+        "strategy.name=bad_plugins:AdaptReturnsNothing",
+        expect=("adapt_model returned a NoneType, not the model it was given (a FedsimModel)",),
+        setup="plugins",
+    ),
     # --- found in a round: the run stops, naming the round and the client
     "client-fails-under-fail": run(
         "strategy={name: 'tests.plugins.flaky_client:Flaky', fail_partition: 1, fail_from: 1}",
@@ -527,7 +537,8 @@ CASES: dict[str, Case] = {
         "train.on_client_failure=skip",
         "train.num_clients=1",
         "partition={name: iid}",
-        expect=("round 1, training: no client sent a usable reply",),
+        expect=("round 1, training: no client sent a usable reply (client 0: RuntimeError: injected failure of "
+                "partition 0 in round 1",),  # fmt: skip
         creates=True,
     ),  # fmt: skip
     "loss-above-max-loss": run(
@@ -1186,6 +1197,16 @@ class RaisingSpec(StrategySpec):
 class ServerRaises(StrategySpec):
     def server(self, setup):
         raise RuntimeError("no server half today")
+
+
+class AdaptRaises(StrategySpec):
+    def adapt_model(self, model, seed):
+        raise RuntimeError("no model change today")
+
+
+class AdaptReturnsNothing(StrategySpec):
+    def adapt_model(self, model, seed):
+        model.classifier = None
 '''
 
 

@@ -9,9 +9,11 @@ each process resolves a config once (cached by the config's JSON).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from flwr.serverapp.strategy import Strategy
@@ -31,6 +33,7 @@ from fedsim.registry import Resolved
 from fedsim.strategies import STRATEGIES, StrategySpec
 from fedsim.strategies.server_half import ServerSetup
 
+T = TypeVar("T")
 
 @dataclass(frozen=True, eq=False)
 class Experiment:
@@ -58,7 +61,13 @@ class Experiment:
         ds = self.federation().dataset
         check_size(self.model, ds.num_classes, ds.in_shape, self.normaliser)
         model = self.model.create(ds.num_classes, ds.in_shape, self.normaliser)
-        return self.strategy.adapt_model(model, self.config.seed)
+        adapted = call_strategy(self, "adapting the model", lambda: self.strategy.adapt_model(model, self.config.seed))
+        if not isinstance(adapted, FedsimModel):
+            raise ConfigError(
+                f"strategy: {self.config.strategy.name!r}: adapt_model returned a {type(adapted).__name__}, not the "
+                "model it was given (a FedsimModel)"
+            )
+        return adapted
 
     def initial_model(self) -> FedsimModel:
         """The run's initial global model: the same weights for the same seed, in any process."""
@@ -68,13 +77,19 @@ class Experiment:
 
 def build_server(experiment: Experiment, setup: ServerSetup) -> Strategy:
     """The strategy's server half; a plugin's ``server()`` that raises is a config error naming it."""
+    return call_strategy(experiment, "building its server half", lambda: experiment.strategy.server(setup))
+
+
+def call_strategy(experiment: Experiment, doing: str, call: Callable[[], T]) -> T:
+    """``call``, a method of the run's strategy spec: one that raises is a config error naming the plugin."""
     try:
-        return experiment.strategy.server(setup)
+        return call()
     except FedsimError:
         raise
     except Exception as err:
         name = experiment.config.strategy.name
-        raise ConfigError(f"strategy: {name!r} raised {type(err).__name__} building its server half: {err}") from err
+        why = " ".join(str(err).split())
+        raise ConfigError(f"strategy: {name!r} raised {type(err).__name__} {doing}: {why}") from err
 
 
 def resolve(cfg: RunConfig) -> Experiment:
