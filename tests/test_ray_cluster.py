@@ -34,7 +34,7 @@ from fedsim.config import RAY_HEAD_WAIT_S, RAY_PROBE_TIMEOUT_S, SimulationConfig
 from fedsim.config_file import parse_config
 from fedsim.engines import ray_pool
 from fedsim.engines.ray_address import check_ray_address
-from fedsim.engines.ray_cluster import RAY_SERVICES, init_ray, workers_only
+from fedsim.engines.ray_cluster import RAY_SERVICES, head_gone, init_ray, workers_only
 from fedsim.engines.runner import OFFLINE_ENV, run
 from fedsim.errors import ConfigError
 from fedsim.ports import free_port, free_ports
@@ -363,6 +363,31 @@ def test_address_with_inline_clients_is_an_error(tmp_path: Path) -> None:
     cfg = parse_config(small_config(tmp_path, simulation={"ray_address": "127.0.0.1:6379"}))
     with pytest.raises(ConfigError, match=r"simulation\.ray_address\b.*simulation\.backend: ray"):
         run(cfg)
+
+
+def test_a_head_is_gone_once_nothing_answers_at_its_gcs_for_the_whole_bound() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        assert head_gone(address, within=5) is None
+    started = time.monotonic()
+    why = head_gone(address, within=1.5)
+    assert time.monotonic() - started >= 1.5  # retried for the whole bound, not given up at the first refusal
+    assert why == f"the Ray cluster's head (its GCS at {address}) did not answer within 1.5 s (Connection refused)"
+
+
+def test_a_head_back_within_the_bound_is_not_gone() -> None:
+    # a restarting head: its port refuses, then listens again half a second later
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        host, port = listener.getsockname()
+    back: list[socket.socket] = []
+    timer = threading.Timer(0.5, lambda: back.append(socket.create_server((host, port))))
+    timer.start()
+    try:
+        assert head_gone(f"{host}:{port}", within=30) is None
+    finally:
+        timer.join()
+        for server in back:
+            server.close()
 
 
 @pytest.mark.parametrize("address", ["localhost", "http://head:6379", "head:port"])

@@ -150,13 +150,10 @@ def init_ray(sim: SimulationConfig) -> bool:
     return True
 
 
-def head_gone(within: float = RAY_HEAD_WAIT_S) -> str | None:
-    """Why the head of the Ray cluster this process is connected to is gone (its GCS refused or ignored a
+def head_gone(address: str, within: float = RAY_HEAD_WAIT_S) -> str | None:
+    """Why the head of a Ray cluster, its GCS at ``address`` (host:port), is gone (it refused or ignored a
     connection for ``within`` seconds, retried each second: a restarting head has that long), or None once it
     answers."""
-    import ray
-
-    address = ray.get_runtime_context().gcs_address  # this driver's own record: asks nothing of the GCS
     host, _, port = address.rpartition(":")
     deadline = time.monotonic() + within
     while True:
@@ -167,4 +164,4 @@ def head_gone(within: float = RAY_HEAD_WAIT_S) -> str | None:
             if time.monotonic() >= deadline:
                 why = err.strerror or type(err).__name__
                 return f"the Ray cluster's head (its GCS at {address}) did not answer within {within:g} s ({why})"
-            time.sleep(1.0)
+            time.sleep(min(1.0, max(deadline - time.monotonic(), 0.0)))

@@ -228,7 +228,7 @@ class RayPoolExecutor:
         return [replies[i] for i in sorted(replies)]
 
     def _check_head(self) -> None:
-        if gone := head_gone():
+        if gone := head_gone(ray.get_runtime_context().gcs_address):  # this driver's own record of it
             self.head_lost = True
             raise ClusterLost(gone)
 
