@@ -140,6 +140,7 @@ def pool_size(sim: SimulationConfig, num_clients: int) -> int:
 class RayPoolExecutor:
     def __init__(self, sim: SimulationConfig, run_id: int, num_partitions: int, run_dir: Path) -> None:
         self._device, self._run_dir = sim.device, run_dir
+        self.head_lost = False  # the cluster's head stopped answering (ClusterLost)
         self._placing: list[tuple[ObjectRef, dict[str, Any]]] = []  # workers' placements, workers.jsonl's lines
         self._owns_ray = init_ray(sim)
         try:
@@ -160,7 +161,6 @@ class RayPoolExecutor:
         self.unplaced: set[int] = set()  # of those, the ones past their PLACE_S: their clients fail at once
         self.where: dict[int, str] = {}  # actor -> its worker's node, as workers.jsonl names it
         self.gone: set[int] = set()  # actors stopped as the pool shrank, their clients served by others
-        self.head_lost = False  # the cluster's head stopped answering (ClusterLost)
         self._nodes = [node_id_of(p) for p in range(num_partitions)]
 
     def _start(self, a: int, replaces: str | None = None) -> ActorHandle:
@@ -328,15 +328,17 @@ class RayPoolExecutor:
         self.lost.clear()
 
     def shutdown(self) -> None:
-        self._record_placements()
-        # each worker removes its spilled states, all at once; a worker queued or stopped has no process to ask.
-        # After a head was lost, briefly: Ray ends this driver a minute after its GCS went, in lines of its own
-        asked = [a for i, a in enumerate(self.actors) if i not in self.unplaced | self.gone]
-        closing = [a.close.remote() for a in asked]
-        ray.wait(closing, num_returns=len(closing), timeout=CLOSE_LOST_S if self.head_lost else CLOSE_S)
-        for a in self.actors:
-            with contextlib.suppress(Exception):  # one already gone has nothing left to stop
-                ray.kill(a)
-        self.actors = []
-        if self._owns_ray:  # stops a Ray started here; from a joined cluster, only disconnects
-            ray.shutdown()
+        try:
+            self._record_placements()
+            # each worker removes its spilled states, all at once; a worker queued or stopped has no process to
+            # ask. After a head was lost, briefly: Ray ends this driver a minute after its GCS went
+            asked = [a for i, a in enumerate(self.actors) if i not in self.unplaced | self.gone]
+            closing = [a.close.remote() for a in asked]
+            ray.wait(closing, num_returns=len(closing), timeout=CLOSE_LOST_S if self.head_lost else CLOSE_S)
+            for a in self.actors:
+                with contextlib.suppress(Exception):  # one already gone has nothing left to stop
+                    ray.kill(a)
+            self.actors = []
+        finally:  # a process left joined to a cluster is ended by Ray when that cluster stops
+            if self._owns_ray:  # stops a Ray started here; from a joined cluster, only disconnects
+                ray.shutdown()
