@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from flwr.app import Message, RecordDict
 
-from fedsim import wire
 from fedsim.app.cli import main
 from fedsim.arrays import to_array_record
 from fedsim.client.sgd import LocalSgd
@@ -35,7 +34,7 @@ from fedsim.strategies.hooks import RoundInfo
 from tests import strategy_rows
 from tests.conftest import small_config, write_config
 from tests.test_resume import check_resume, metrics
-from tests.test_strategies_math import Clients, numpy_of, play_round, reply, server, spec
+from tests.test_strategies_math import Clients, client_round, numpy_of, play_round, reply, server, spec
 
 LR, MOMENTUM, WD, STEPS, BATCH, CLASSES, SHAPE = 0.1, 0.9, 0.01, 3, 4, 3, (1, 4, 4)
 SIZES = {0: 12, 1: 8, 2: 4}  # unequal n_i: the paper's n_i/n weights differ from the authors' uniform mean
@@ -101,12 +100,7 @@ def fedsim_round(net: FedsimModel, weights: dict[str, torch.Tensor], server_roun
 
     def client(msg: Message, pid: int, state: RecordDict) -> RecordDict:
         info = RoundInfo(server_round, pid, STEPS, None, LR, MOMENTUM, torch.ones(CLASSES))
-        hooks.load_global(net, msg.content[wire.ARRAYS], state)
-        hooks.begin_round(net, msg.content, state, info)
-        sgd = LocalSgd(net.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
-        (result,) = train_local([ClientRound(net, hooks, stream(pid, server_round), info)], sgd)
-        extra = hooks.end_round(net, state, info, result.steps)
-        sent = hooks.reply_arrays(net, state)
+        sent, extra = client_round(net, hooks, msg, state, info, stream(pid, server_round), WD)
         after[pid] = ({k: v.detach().clone() for k, v in net.state_dict().items()}, set(sent))
         return reply(sent, pid, SIZES[pid], extra)
 

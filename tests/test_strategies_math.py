@@ -91,6 +91,19 @@ def play_round(strategy, grid: LocalGrid, server_round: int, arrays: ArrayRecord
     return new
 
 
+def client_round(  # type: ignore[no-untyped-def]
+    net, hooks: ClientHooks, msg: Message, state: RecordDict, info: RoundInfo, stream, weight_decay: float
+) -> tuple[ArrayRecord, RecordDict | None]:
+    """One client's round as a worker runs it: the strategy's hooks around the one training loop, SGD at the
+    round's learning rate and momentum; the arrays it sends and the record beside them."""
+    hooks.load_global(net, msg.content[wire.ARRAYS], state)
+    hooks.begin_round(net, msg.content, state, info)
+    sgd = LocalSgd(net.parameters(), lr=info.lr, momentum=info.momentum, weight_decay=weight_decay)
+    result = train_one(net, stream, sgd, hooks, info)
+    extra = hooks.end_round(net, state, info, result.steps)
+    return hooks.reply_arrays(net, state), extra
+
+
 def reply(arrays: ArrayRecord, pid: int, n: int, extra: RecordDict | None = None) -> RecordDict:
     content = RecordDict(dict(extra or {}))
     content[wire.ARRAYS] = arrays
