@@ -28,6 +28,9 @@ from fedsim.strategies.hooks import ClientHooks, RoundInfo
 from fedsim.strategies.server_half import EVERY_NODE, ServerSetup
 
 ETF_KEY = "classifier.etf"  # the fixed ETF M in the model's state dict
+# the largest ETF dimension: the authors' is the classes or a few hundred; a typo of a billion would allocate
+# its d x K draw (float64) before anything else could refuse it
+MAX_ETF_DIM = 65536
 
 
 def simplex_etf(dim: int, classes: int, seed: int) -> torch.Tensor:
@@ -78,7 +81,10 @@ class FedETFSpec(StrategySpec):
 
     class Params(StrategySpec.Params):
         etf_dim: int | None = Field(
-            None, ge=2, description="the ETF's dimension d (at least the number of classes); none: the classes"
+            None,
+            ge=2,
+            le=MAX_ETF_DIM,
+            description="the ETF's dimension d (at least the number of classes); none: the classes",
         )
         scale: float = Field(1.0, gt=0, description="the temperature β's initial value (authors: 1, 10 for their CNN)")
         gamma: float = Field(1.0, ge=0, description="exponent γ on the class counts in the balanced softmax")

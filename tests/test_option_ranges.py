@@ -120,6 +120,10 @@ PINNED: dict[str, corpus.Case] = {
         "strategy={name: fedetf, gamma: -1}", expect=("strategy.gamma = -1", "greater than or equal to 0")
     ),
     "fedetf-scale-zero": run("strategy={name: fedetf, scale: 0}", expect=("strategy.scale = 0", "greater than 0")),
+    "fedetf-etf-dim-huge": run(
+        "strategy={name: fedetf, etf_dim: 1000000000}",
+        expect=("strategy.etf_dim = 1000000000", "less than or equal to 65536"),
+    ),
     "fedetf-etf-dim-below-classes": run(
         "strategy={name: fedetf, etf_dim: 3}", expect=("strategy.etf_dim = 3", "etf_dim >= ")
     ),
