@@ -218,6 +218,10 @@ class EvalConfig(_Strict):
         500, ge=1, description="images whose loss is summed at once (the forward pass runs in chunks of 50 inside it)"
     )
     global_test: bool = Field(True, description="also evaluate the global model on the whole test set")
+    clients: int | None = Field(
+        None, ge=1, le=10**6, description="score a sample of this many clients at each evaluation, drawn from the "
+        "run's seed and the round (metrics.jsonl lists them as eval_clients); null: every client",
+    )
     personal: PersonalEvalConfig = Field(default_factory=PersonalEvalConfig)
 
 
@@ -231,6 +235,9 @@ RAY_PROBE_TIMEOUT_S = 10.0  # the most simulation.ray_address's check waits for 
 # the most a run waits, once a worker is lost, for the head to answer again: well inside the 60 s after which
 # Ray ends a driver whose GCS is gone (gcs_rpc_server_reconnect_timeout_s) in lines of its own
 RAY_HEAD_WAIT_S = 20.0
+# the most clients of a run on the Ray pool or Flower's runtime: they hold each client's node (a Context, the pool's
+# assignment, a partition query before round 1); the inline engine holds only the nodes a round serves
+POOLED_CLIENTS = 10_000
 # validation context: a run directory's config read back (fedsim report, plot), not run on this machine
 READ_BACK = "read_back"
 
@@ -240,7 +247,8 @@ class SimulationConfig(_Strict):
         "auto",
         description="engine local: clients in this process (inline) or on a Ray actor pool; auto: the pool when "
         "this machine has 2+ cores and a round 2+ clients on the CPU (or ray_address is set), else inline "
-        "(fedsim.layout)",
+        f"(fedsim.layout). The pool and engine flower serve at most {POOLED_CLIENTS:,} clients (train.num_clients): "
+        "each holds every client's node; inline holds only the clients a round serves",
     )
     client_resources: ClientResources = Field(default_factory=ClientResources)
     ray_address: str | None = Field(
@@ -425,6 +433,32 @@ class RunConfig(_Strict):
                 "(use output.dir or output.run_dir for paths)"
             )
         return name
+
+    @model_validator(mode="after")
+    def _pooled_federation_fits(self) -> RunConfig:
+        n, sim = self.train.num_clients, self.simulation
+        if n <= POOLED_CLIENTS:
+            return self
+        for given, field in (
+            (self.engine == "flower", "engine: flower"),
+            (sim.backend == "ray", "simulation.backend: ray"),
+            (sim.ray_address is not None, "simulation.ray_address"),
+        ):
+            if given:
+                raise ValueError(
+                    f"{field} serves at most {POOLED_CLIENTS:,} clients (each client's node held from the start), "
+                    f"train.num_clients is {n:,}: run larger federations on engine: local, simulation.backend: inline "
+                    "(auto picks it), which holds only the clients a round serves"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _evaluated_clients_exist(self) -> RunConfig:
+        if (clients := self.eval.clients) is not None and clients > (n := self.train.num_clients):
+            raise ValueError(
+                f"eval.clients = {clients} must be in 1..train.num_clients ({n}), or null for every client"
+            )
+        return self
 
     @model_validator(mode="after")
     def _checkpoints_happen(self) -> RunConfig:

@@ -5,7 +5,8 @@ one thread is 1.9x the compute floor, inline with both threads and the Ray pool 
 are both within 6% of it on a quiet machine, and beside two busy processes the pool is the fastest
 layout by far (2.9 s per round against 6.0 s inline with both threads: intra-op threads wait for each
 other at every op, the pool's workers never do). So a round of several CPU clients goes to the pool,
-one thread per worker; anything else runs inline on every core.
+one thread per worker; anything else, and a federation beyond the pool's ``POOLED_CLIENTS``, runs
+inline on every core.
 
 A one-thread pool worker computes what one-thread inline does, bit for bit (tests/test_golden.py), so
 the default reproduces ``backend: inline, threads: 1``. The choice is made once, by the process that
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from fedsim.config import RunConfig, SimulationConfig
+from fedsim.config import POOLED_CLIENTS, RunConfig, SimulationConfig
 
 
 def usable_cores() -> int:
@@ -48,7 +49,7 @@ def choose_layout(cfg: RunConfig, cores: int | None = None, pool: bool = True) -
     backend = sim.backend
     if backend == "auto":
         per_round = cfg.train.clients_per_round or cfg.train.num_clients
-        several = sim.device == "cpu" and cores >= 2 and per_round >= 2
+        several = sim.device == "cpu" and cores >= 2 and per_round >= 2 and cfg.train.num_clients <= POOLED_CLIENTS
         backend = "ray" if cfg.engine == "local" and pool and (sim.ray_address is not None or several) else "inline"
     threads = sim.threads
     if threads == "auto":

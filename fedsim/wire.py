@@ -166,11 +166,13 @@ A launcher (`fedsim deploy`, a compose project's `submit`) hands the ServerApp t
 whether to resume it in Flower's run config. fedsim's ServerApp first sends every node a
 `{QUERY_PARTITION}` message and maps partition ids to node ids from the replies (node ids are random
 per run, partition ids are not). Each node reads the run's data to answer it, and a node whose data's
-fingerprint is not the server's is refused before round 1. Each round the server sends `{TRAIN}`
-messages to the clients it sampled, and on evaluation rounds `{EVALUATE}` messages to every client.
-Checkpoints send `{SAVE_STATE}` and record the SHA-256 of each node's state file in `checkpoint.pt`; a
-resumed run sends `{LOAD_STATE}` before its first round and refuses to go on unless every node read the
-file the checkpoint recorded for it (a node the checkpoint recorded no state for reads none). A client
+fingerprint is not the server's is refused before round 1 (fedsim's own engine, whose nodes share its
+process, asks one). Each round the server sends `{TRAIN}` messages to the clients it sampled, and on
+evaluation rounds `{EVALUATE}` messages to every client (with `eval.clients`, to a sample). Checkpoints
+send `{SAVE_STATE}` to every node the run has sent anything and record the SHA-256 of each node's state
+file in `checkpoint.pt`; a resumed run sends `{LOAD_STATE}` before its first round and refuses to go on
+unless every node read the file the checkpoint recorded for it (a node the checkpoint recorded no state
+for reads none; fedsim's own engine, whose nodes start with the run, tells only the recorded ones). A client
 whose reply lacks a key below is reported by node and key; a ClientApp that has no `{QUERY_PARTITION}`
 handler (a stock Flower ClientApp) is refused before round 1. Between the processes of a deployment each
 ArrayRecord of several tensors travels packed into one Array, its layout in the ConfigRecord `{PACKED}`

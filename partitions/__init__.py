@@ -9,7 +9,7 @@ docs/algorithms.md.
 
 from __future__ import annotations
 
-from fedsim.partitions import centralised, dirichlet, domains, iid, n_class  # noqa: F401 (the built-ins register themselves on import)
+from fedsim.partitions import centralised, dirichlet, domains, iid, n_class, natural  # noqa: F401 (the built-ins register themselves on import)
 from fedsim.partitions.base import (
     PARTITIONERS,
     Labels,

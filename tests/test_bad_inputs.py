@@ -120,7 +120,7 @@ CASES: dict[str, Case] = {
     "eval-global-not-bool": run("eval.global_test=maybe", expect=("eval.global_test", "valid boolean")),
     "eval-key-unknown": run(
         "eval.extra=1",
-        expect=("eval.extra: unknown key (got 1); valid keys: every, batch_size, global_test, personal",),
+        expect=("eval.extra: unknown key (got 1); valid keys: every, batch_size, global_test, clients, personal",),
     ),
     "eval-personal-steps-negative": run(
         "eval.personal.steps=-1", expect=("eval.personal.steps", "greater than or equal to 0")

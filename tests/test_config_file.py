@@ -77,7 +77,7 @@ SECTIONS = "name, seed, engine, data, partition, model, strategy, train, eval, s
         ("foo=1", "foo", SECTIONS),
         ("simulation.client_resources.foo=1", "simulation.client_resources.foo", "num_cpus, num_gpus"),
         ("deploy.certificates={ca: a, cert: b, key: c, foo: 1}", "deploy.certificates.foo", "ca, cert, key"),
-        ("eval.foo=1", "eval.foo", "every, batch_size, global_test, personal"),
+        ("eval.foo=1", "eval.foo", "every, batch_size, global_test, clients, personal"),
     ],
 )
 def test_an_unknown_key_at_any_level_lists_the_valid_keys_of_its_section(
@@ -148,6 +148,6 @@ def test_a_key_given_twice_in_one_set_list_is_refused_with_both_values() -> None
 
 
 def test_section_keys_follow_a_location_through_optional_sections_and_lists() -> None:
-    assert section_keys(RunConfig, ("eval",)) == ["every", "batch_size", "global_test", "personal"]
+    assert section_keys(RunConfig, ("eval",)) == ["every", "batch_size", "global_test", "clients", "personal"]
     assert section_keys(RunConfig, ("deploy", "certificates")) == ["ca", "cert", "key"]  # CertificatesConfig | None
     assert section_keys(RunConfig, ("output", "trackers", 0)) == ["name"]  # list[PluginBlock]

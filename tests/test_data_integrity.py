@@ -24,6 +24,7 @@ from flwr.app import Context, Message
 from fedsim import wire
 from fedsim.app.cli import main
 from fedsim.client import app as client_app
+from fedsim.engines.local import LocalGrid
 from fedsim.client.app import app as fedsim_client
 from fedsim.data import load_dataset
 from fedsim.data.fingerprint import fingerprint
@@ -242,6 +243,8 @@ def test_a_node_with_other_data_is_refused_before_round_one_whatever_the_failure
     other = tmp_path / "relabelled.npz"
     relabelled(MNIST_SMALL, other)
     monkeypatch.setattr(client_app, "app", node_reading(1, other))  # the engine's nodes run this ClientApp
+    # as a grid of nodes elsewhere (a deployment's), whose every node is asked: the inline grid's share its process
+    monkeypatch.setattr(LocalGrid, "known_partitions", lambda self: None)
     train = {"rounds": 1, "num_clients": 2, "local_steps": 1, "on_client_failure": "skip"}
     raw = small_config(tmp_path, train=train, eval={"every": 1})
     raw["output"]["run_dir"] = str(tmp_path / "r")

@@ -124,7 +124,7 @@ def test_feddyn_rounds_with_partial_participation_match_the_paper(momentum: floa
     grid = LocalGrid(clients)
     strategy = server("feddyn", N, set(PARAMS), alpha=alpha)
     assert isinstance(strategy, Checkpointable)
-    sampler = ClientSampler(tuple(range(N)), 2, seed=0)
+    sampler = ClientSampler(N, 2, seed=0)
     arrays = to_array_record(model.state_dict())
 
     theta = numpy_of(arrays)  # θ^0: parameters and the buffer

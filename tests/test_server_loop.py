@@ -85,7 +85,7 @@ class Reported:
     server_round: int
     arrays: dict[str, np.ndarray]
     loss: float | None
-    scores: dict[int, ClientScore] | None
+    scores: dict[int, ClientScore | None] | None
 
 
 class Recording(RoundReporter):
@@ -96,7 +96,7 @@ class Recording(RoundReporter):
         self.told: list[Reported] = []
 
     def round_done(
-        self, server_round: int, arrays: ArrayRecord, loss: float | None, scores: dict[int, ClientScore] | None
+        self, server_round: int, arrays: ArrayRecord, loss: float | None, scores: dict[int, ClientScore | None] | None
     ) -> None:
         self.told.append(Reported(server_round, numpy_of(arrays), loss, scores))
         super().round_done(server_round, arrays, loss, scores)
@@ -130,7 +130,7 @@ def make_loop(tmp_path: Path, one_thread: None) -> Iterator[Callable[..., Setup]
         server = build_server(experiment, ServerSetup(n, frozenset(k for k, _ in model.named_parameters())))
         strategy = CheckedStrategy(server, cfg.strategy.name, arrays, cfg.train.round_timeout_s)
         out = RunDir(tmp_path / f"run{len(logs)}")
-        reporter = Recording(experiment, list(node_of_partition), out, False)
+        reporter = Recording(experiment, out, False)
         data = experiment.federation().data_sha256
         checkpoints = Checkpointer(cfg, out, grid, node_of_partition, None, data)
         loop = RoundLoop(cfg, grid, strategy, node_of_partition, reporter, checkpoints)
@@ -173,7 +173,7 @@ def assert_arrays_close(got: dict[str, np.ndarray], expected: dict[str, np.ndarr
 
 def test_a_round_trains_the_sampled_clients_and_returns_their_weighted_average(make_loop: Callable[..., Setup]) -> None:
     s = make_loop(train={"clients_per_round": 2})
-    sampler = ClientSampler((0, 1, 2, 3), 2, 0)
+    sampler = ClientSampler(4, 2, 0)
     arrays = s.arrays
     for server_round in (1, 2, 3):
         s.log.replies.clear()
@@ -313,7 +313,8 @@ def test_a_client_silent_in_evaluation_is_left_out_or_stops_the_run(
             s.loop.evaluate(3, s.arrays)
         return
     scores = s.loop.evaluate(3, s.arrays)
-    assert sorted(scores) == [1, 3] and s.reporter.pending_failures == {3: [0, 2]}
+    assert {p: v is not None for p, v in scores.items()} == {0: False, 1: True, 2: False, 3: True}  # None: failed
+    assert s.reporter.pending_failures == {3: [0, 2]}
 
 
 def test_a_round_without_a_usable_reply_stops_the_run_under_skip_too(make_loop: Callable[..., Setup]) -> None:

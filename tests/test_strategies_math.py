@@ -232,7 +232,7 @@ def test_scaffold_two_rounds_match_the_hand_computation(weighting: str) -> None:
     clients = Clients(client, N)
     grid = LocalGrid(clients)
     strategy = server("scaffold", N, {"classifier.weight"}, eta_g=eta_g, weighting=weighting)
-    sampler = ClientSampler(tuple(range(N)), 2, seed=0)
+    sampler = ClientSampler(N, 2, seed=0)
     with torch.no_grad():
         model.classifier.weight.copy_(torch.tensor([[0.3, -0.2], [-0.1, 0.4]]))
     arrays = to_array_record(model.state_dict())

@@ -198,6 +198,11 @@ def continue_locally(
     check_files(Path(run_dir), summary, SUMMARY, metrics_bytes(run_dir))
     experiment = resolve(cfg)
     check_runnable(experiment)  # what fedsim run checks (a batch larger than the data), before any directory
+    if experiment.federation().dataset is None:
+        raise ConfigError(
+            f"{run_dir}: data.dataset {cfg.data.dataset.name!r} is generated per client: fedsim local scores the "
+            "client on the whole test set, which it has not"
+        )
     runtime = ClientRuntime(experiment)
     # the run's model continued on other data would be no continuation of it
     check_same_data(summary.get(DATA_FINGERPRINT), runtime.fed.data_sha256, Path(run_dir) / SUMMARY, cfg.data.root)

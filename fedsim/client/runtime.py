@@ -2,14 +2,16 @@
 
 Each process keeps, per run config, one :class:`ClientRuntime`: the decoded dataset and its split,
 one model object, the strategy's client hooks and one optimiser (one per client of a group with
-``simulation.vmap_clients``). A client's data slice is cut once and kept; each message only loads
-new weights into the model. Client state that crosses rounds lives in the node's ``Context.state``,
+``simulation.vmap_clients``). A client's data slice is cut once and kept (a dataset generated per
+client: the most recently used ``GENERATED_KEPT`` clients' samples); each message only loads new
+weights into the model. Client state that crosses rounds lives in the node's ``Context.state``,
 so it follows the node whichever process serves it.
 """
 
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -25,7 +27,7 @@ from fedsim.client.sgd import LocalSgd
 from fedsim.client.training import ClientRound, TrainResult, train_local
 from fedsim.config import RunConfig
 from fedsim.data.batches import BatchStream
-from fedsim.experiment.federation import Federation
+from fedsim.experiment.federation import AnyFederation
 from fedsim.experiment.resolve import Experiment, resolve
 from fedsim.layout import torch_threads
 from fedsim.models import FedsimModel
@@ -37,6 +39,11 @@ from fedsim.strategies.hooks import ClientHooks, RoundInfo
 def round_seed(seed: int, server_round: int, partition_id: int) -> int:
     """The seed of one client's batches in one round: independent of engine and process."""
     return int(np.random.SeedSequence([seed, server_round, partition_id]).generate_state(1)[0])
+
+
+# the generated clients' samples a worker keeps: a million-client federation samples a client again rarely, and
+# holding every client it ever trained would grow with the run, not with the round
+GENERATED_KEPT = 1024
 
 
 @dataclass
@@ -59,30 +66,33 @@ class ClientRuntime:
         self.experiment = experiment
         self.cfg = cfg = experiment.config
         self.device = torch.device(cfg.simulation.device)
-        self.fed: Federation = experiment.federation()
+        self.fed: AnyFederation = experiment.federation()
         self.model = experiment.build_model().to(self.device)
-        if self.device.type == "cpu" and len(self.fed.dataset.in_shape) == 3:
+        if self.device.type == "cpu" and self.fed.dataset is not None:  # images: convolutions run channels last
             self.model = self.model.to(memory_format=torch.channels_last)
         self.hooks: ClientHooks = experiment.strategy.client()
         self._slots: list[tuple[FedsimModel, ClientHooks]] = [(self.model, self.hooks)]
         self._optimizers: dict[int, LocalSgd] = {}
-        self._clients: dict[int, ClientData] = {}
+        self._clients: OrderedDict[int, ClientData] = OrderedDict()  # least recently used first
         self._personaliser: Personaliser | None = None  # built on the first personalised evaluation
         self.to_inputs = self.fed.input_transform(cfg.data.normalize)
 
     def data(self, pid: int) -> ClientData:
-        """Client ``pid``'s train and test slices on the training device, cut once."""
-        if pid not in self._clients:
-            ds, part = self.fed.dataset, self.fed.partition
-            tr, te = torch.from_numpy(part.train[pid]), torch.from_numpy(part.test[pid])
-            self._clients[pid] = ClientData(
-                x_train=ds.x_train[tr].to(self.device),
-                y_train=ds.y_train[tr].to(self.device),
-                x_test=ds.x_test[te].to(self.device),
-                y_test=ds.y_test[te].to(self.device),
-                class_counts=torch.from_numpy(self.fed.train_counts[pid]),
-            )
-        return self._clients[pid]
+        """Client ``pid``'s train and test samples on the training device, cut (or generated) once."""
+        if pid in self._clients:
+            self._clients.move_to_end(pid)
+            return self._clients[pid]
+        arrays = self.fed.client(pid)
+        self._clients[pid] = data = ClientData(
+            x_train=arrays.x_train.to(self.device),
+            y_train=arrays.y_train.to(self.device),
+            x_test=arrays.x_test.to(self.device),
+            y_test=arrays.y_test.to(self.device),
+            class_counts=torch.bincount(arrays.y_train, minlength=self.fed.num_classes),
+        )
+        if self.fed.dataset is None and len(self._clients) > GENERATED_KEPT:
+            self._clients.popitem(last=False)
+        return data
 
     def slot(self, k: int) -> tuple[FedsimModel, ClientHooks]:
         while len(self._slots) <= k:  # the same architecture; every round loads its weights anew
@@ -170,7 +180,7 @@ class ClientRuntime:
     def score(self, model: nn.Module, data: ClientData) -> tuple[float, int]:
         """``model``'s summed loss and correct count on the client's test split."""
         loss, correct, _ = evaluate(
-            model, data.x_test, data.y_test, self.cfg.eval.batch_size, self.fed.dataset.num_classes, self.to_inputs
+            model, data.x_test, data.y_test, self.cfg.eval.batch_size, self.fed.num_classes, self.to_inputs
         )
         return loss, int(correct.sum())
 

@@ -16,7 +16,10 @@ Normalize = tuple[Sequence[float] | torch.Tensor, Sequence[float] | torch.Tensor
 
 
 def to_float(x_uint8: torch.Tensor) -> torch.Tensor:
-    """uint8 images -> float32 in [0, 1] (``x / 255``, as torchvision's ``ToTensor``)."""
+    """uint8 images -> float32 in [0, 1] (``x / 255``, as torchvision's ``ToTensor``); float32 features (a dataset
+    generated per client, fedsim.data.generated) as they are."""
+    if x_uint8.dtype == torch.float32:
+        return x_uint8
     return x_uint8.to(torch.float32).div_(255)
 
 
@@ -88,8 +91,8 @@ class BatchStream:
         normalize: Normalize | None = None,
         device: torch.device | str | None = None,
     ) -> None:
-        if x_uint8.dtype != torch.uint8 or x_uint8.ndim != 4:
-            raise ValueError(f"x must be uint8 N x C x H x W, got {x_uint8.dtype} {tuple(x_uint8.shape)}")
+        if x_uint8.dtype not in (torch.uint8, torch.float32) or x_uint8.ndim != 4:
+            raise ValueError(f"x must be uint8 or float32 N x C x H x W, got {x_uint8.dtype} {tuple(x_uint8.shape)}")
         if len(y) != len(x_uint8):
             raise ValueError(f"x has {len(x_uint8)} samples but y has {len(y)}")
         if batch_size < 1:

@@ -38,7 +38,7 @@ from fedsim.processes import (
 from fedsim.record.claim import claimed
 from fedsim.record.layout import ERROR, HELD_ENV, PROGRESS, SUMMARY
 from fedsim.record.reader import read_error, read_progress, read_summary
-from fedsim.server.console import RoundProgress, console, partition_table, summary_table
+from fedsim.server.console import RoundProgress, console, show_partition, summary_table
 
 # A command prefix per process, e.g. {"supernode": ["ip", "netns", "exec", "nodes"]} to run the
 # SuperNodes in another network namespace
@@ -310,9 +310,8 @@ def deploy(cfg: RunConfig, wrap: Wrap | None = None, resume: bool = False) -> di
             return private_network.deploy_inside(cfg, resume)
         private_network.warn_exposed(cfg, why)
     show = cfg.output.progress  # shown by this process: the ServerApp under the SuperLink shows nothing
-    fed = experiment.federation()
     if show:
-        console.print(partition_table(fed.train_counts, fed.test_counts, fed.dataset.classes))
+        show_partition(experiment.federation())
     with (
         sigterm_as_interrupt(),
         claimed(Path(cfg.output.run_dir), resume),

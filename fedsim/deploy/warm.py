@@ -50,7 +50,7 @@ def warm_up(rt: ClientRuntime) -> None:
     """A training step's forward and backward and an evaluation chunk's forward, on zeros, through a copy of
     ``rt``'s model: torch's kernels for these shapes and its allocator's pools are set up, nothing of the
     runtime changes (its model, the global CPU RNG: only CPU runs are kept warm)."""
-    shape = rt.fed.dataset.in_shape
+    shape = rt.fed.in_shape
     model = copy.deepcopy(rt.model)
     with torch.random.fork_rng(devices=[]):
         model.train()

@@ -13,7 +13,7 @@ a Flower ClientApp takes one Message at a time; their replies are the ones the C
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -27,6 +27,7 @@ from fedsim.deadline import call_within
 from fedsim.engines.states import NodeStates
 from fedsim.errors import TrainingError
 from fedsim.plugin_guard import plugin_code
+from fedsim.server.discovery import ShiftedIds
 
 SERVER_NODE_ID = 0
 
@@ -34,6 +35,10 @@ SERVER_NODE_ID = 0
 def node_id_of(partition_id: int) -> int:
     """Node ids here are 1-based partition ids: stable, readable, never the server's 0."""
     return partition_id + 1
+
+
+def partition_of_node_id(node_id: int) -> int:
+    return node_id - 1
 
 
 def node_context(run_id: int, partition_id: int, num_partitions: int) -> Context:
@@ -59,7 +64,7 @@ def deliver(app: ClientApp, messages: Sequence[Message], nodes: NodeStates) -> l
     (``simulation.vmap_clients``), every other message through the ClientApp alone. A node's state is
     loaded only while its message is served, so a batch to every node (a checkpoint's) holds one state
     beyond ``simulation.state_memory_mb`` at a time, not the federation's."""
-    jobs = [(m, nodes.contexts[m.metadata.dst_node_id]) for m in messages]  # states load when served
+    jobs = [(m, nodes.context(m.metadata.dst_node_id)) for m in messages]  # states load when served
     replies: dict[int, Message] = {}
     for group in train_groups(jobs):
         with nodes.serving([jobs[i][0].metadata.dst_node_id for i in group]):
@@ -76,9 +81,18 @@ def deliver(app: ClientApp, messages: Sequence[Message], nodes: NodeStates) -> l
 
 
 def node_states(run_id: int, partitions: Sequence[int], num_partitions: int, memory_mb: float) -> NodeStates:
-    """The contexts of the nodes holding ``partitions``, their state in memory up to ``memory_mb``."""
-    contexts = {node_id_of(p): node_context(run_id, p, num_partitions) for p in partitions}
-    return NodeStates(contexts, int(memory_mb * 2**20))
+    """The nodes holding ``partitions`` (a range stays one: a million nodes in two numbers), their state in memory
+    up to ``memory_mb``."""
+    nodes: Collection[int]
+    if isinstance(partitions, range):
+        nodes = range(node_id_of(partitions.start), node_id_of(partitions.stop))
+    else:
+        nodes = {node_id_of(p) for p in partitions}
+
+    def make(node: int) -> Context:
+        return node_context(run_id, partition_of_node_id(node), num_partitions)
+
+    return NodeStates(make, nodes, int(memory_mb * 2**20))
 
 
 # what the server is doing when it sends a message of each type, for messages about it
@@ -105,11 +119,15 @@ class InlineExecutor:
     goes on in the background, so no later round could trust them."""
 
     def __init__(self, app: ClientApp, run_id: int, num_partitions: int, state_memory_mb: float) -> None:
-        self.app = app
+        self.app, self.num_partitions = app, num_partitions
         self.nodes = node_states(run_id, range(num_partitions), num_partitions, state_memory_mb)
 
-    def node_ids(self) -> list[int]:
+    def node_ids(self) -> Collection[int]:
         return self.nodes.node_ids()
+
+    def known_partitions(self) -> Mapping[int, int]:
+        """Partition -> node of every node (all in this process, on its data): partition p is node p + 1."""
+        return ShiftedIds(0, self.num_partitions, node_id_of(0))
 
     def execute(self, messages: Sequence[Message], timeout: float | None = None) -> list[Message]:
         """Every message's reply, in order, within ``timeout`` (the Grid's: ``train.round_timeout_s``; None:
@@ -165,6 +183,14 @@ class LocalGrid(Grid):
 
     def get_node_ids(self) -> Iterable[int]:
         return self.executor.node_ids()
+
+    def known_partitions(self) -> Mapping[int, int] | None:
+        """The executor's partition -> node map where it knows it without asking every node (inline)."""
+        known = getattr(self.executor, "known_partitions", None)
+        return known() if known is not None else None
+
+    # the nodes are this process's, started with it: on a resume no node holds state the run must clear
+    fresh_nodes = True
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         # Delivered at once; the handles are this grid's own (a SuperLink would stamp message ids)

@@ -42,7 +42,7 @@ from ray.exceptions import RayError
 
 from fedsim import wire
 from fedsim.config import SimulationConfig
-from fedsim.engines.local import deliver, node_context, node_id_of, node_states
+from fedsim.engines.local import deliver, node_id_of, node_states
 from fedsim.engines.lost_workers import how_lost
 from fedsim.engines.ray_cluster import head_gone, init_ray
 from fedsim.errors import ClusterLost, ConfigError, FedsimWarning
@@ -86,9 +86,7 @@ class _Worker:
 
     def adopt(self, partitions: list[int]) -> None:
         """Serve ``partitions`` too, their state empty (their worker was lost and no node has room for another)."""
-        self.nodes.contexts.update(
-            (node_id_of(p), node_context(self.run_id, p, self.num_partitions)) for p in partitions
-        )
+        self.nodes.adopt([node_id_of(p) for p in partitions])
 
     def execute(self, messages: list[Message]) -> list[Message]:
         return deliver(self.app, messages, self.nodes)

@@ -17,7 +17,7 @@ from fedsim.environment import check_working_directory, fault_of
 from fedsim.errors import ConfigError
 from fedsim.exclusive import claim_process
 from fedsim.experiment.diagnostics import probe_images
-from fedsim.experiment.federation import Federation
+from fedsim.experiment.federation import AnyFederation
 from fedsim.experiment.resolve import Experiment, build_server, resolve
 from fedsim.layout import choose_layout
 from fedsim.models import FedsimModel
@@ -99,9 +99,12 @@ def check_halves(experiment: Experiment) -> FedsimModel:
     return model
 
 
-def check_sizes(cfg: RunConfig, fed: Federation) -> None:
-    """Sizes that only the data can check: a batch or probe larger than the data it is drawn from."""
+def check_sizes(cfg: RunConfig, fed: AnyFederation) -> None:
+    """Sizes that only the data can check: a batch or probe larger than the data it is drawn from (a dataset
+    generated per client has no whole set to compare with: a client smaller than a batch wraps, as any does)."""
     ds = fed.dataset
+    if ds is None:
+        return
     if cfg.train.batch_size > len(ds.y_train):
         raise ConfigError(
             f"train.batch_size = {cfg.train.batch_size} is larger than the whole training set "

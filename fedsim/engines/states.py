@@ -5,7 +5,9 @@ Client state that crosses rounds (SCAFFOLD's c_i, FedBN's local tensors) lives i
 would keep 1,000 of them: 3 GB for SCAFFOLD's c_i of the paper CNN. :class:`NodeStates` keeps the
 most recently used states in memory up to ``simulation.state_memory_mb`` and writes the others to a
 directory of its own (Flower's protobuf form: the arrays byte for byte), so memory grows with the
-clients a round touches, not with the federation. Checkpoints and resume are unchanged: they read
+clients a round touches, not with the federation. A node's Context itself is made when the node is
+first served and dropped once its state is empty or on disk: a million-client federation holds the
+contexts of the clients it is serving, not a million. Checkpoints and resume are unchanged: they read
 and write ``Context.state`` through the ClientApp, which always sees a node's whole state.
 """
 
@@ -15,7 +17,7 @@ import contextlib
 import shutil
 import tempfile
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 from flwr.app import Context
@@ -29,23 +31,36 @@ def state_bytes(context: Context) -> int:
 
 
 class NodeStates:
-    """Node id -> Context, with states spilled to disk, least recently used first, beyond ``budget_bytes``."""
+    """Node id -> Context for the nodes ``nodes``, each made by ``make`` when first served, with states spilled to
+    disk, least recently used first, beyond ``budget_bytes``."""
 
-    def __init__(self, contexts: dict[int, Context], budget_bytes: int) -> None:
-        self.contexts = contexts
+    def __init__(self, make: Callable[[int], Context], nodes: Collection[int], budget_bytes: int) -> None:
+        self.make, self.nodes = make, nodes
+        self.contexts: dict[int, Context] = {}  # the nodes with state in memory, or being served
         self.budget = budget_bytes
         self.resident: OrderedDict[int, int] = OrderedDict()  # node -> bytes in memory, least recent first
         self.spilled: set[int] = set()
         self.in_service: list[int] = []  # the nodes being served now (named when serving them overruns)
         self._dir: Path | None = None
 
-    def node_ids(self) -> list[int]:
-        return list(self.contexts)
+    def node_ids(self) -> Collection[int]:
+        return self.nodes
+
+    def adopt(self, nodes: Collection[int]) -> None:
+        """Serve ``nodes`` too (their state empty)."""
+        self.nodes = {*self.nodes, *nodes}
+
+    def context(self, node: int) -> Context:
+        """The node's Context (its state is in memory only within :meth:`serving`)."""
+        if node not in self.contexts:
+            self.contexts[node] = self.make(node)
+        return self.contexts[node]
 
     def load(self, node: int) -> None:
         """Put the node's whole state in memory (read back from disk if it was spilled)."""
+        context = self.context(node)
         if node in self.spilled:
-            self.contexts[node].state.update(decode(self._path(node).read_bytes()))
+            context.state.update(decode(self._path(node).read_bytes()))
             self._path(node).unlink()
             self.spilled.discard(node)
 
@@ -67,10 +82,11 @@ class NodeStates:
             self.resident.pop(node, None)
             if size := state_bytes(self.contexts[node]):
                 self.resident[node] = size
+            elif not self.contexts[node].state:  # nothing to keep: made again if served again
+                del self.contexts[node]
         while self.resident and sum(self.resident.values()) > self.budget:
             node, _ = self.resident.popitem(last=False)
-            self._path(node).write_bytes(encode(self.contexts[node].state))
-            self.contexts[node].state.clear()
+            self._path(node).write_bytes(encode(self.contexts.pop(node).state))
             self.spilled.add(node)
 
     def close(self) -> None:

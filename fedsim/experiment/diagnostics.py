@@ -180,6 +180,7 @@ class ProbeDiagnostics:
             return None
         fed = experiment.federation()
         ds = fed.dataset
+        assert ds is not None  # a dataset generated per client takes no diagnostics (fedsim.experiment.resolve)
         with torch.random.fork_rng(devices=[]):  # building must not move the server's RNG
             model = experiment.build_model()
         n = probe_images(d, len(ds.y_test))

@@ -1,7 +1,11 @@
 """The federation a config describes: the dataset and its split among clients.
 
-Computed once per process (the server and every client worker derive the same split from the
-seed, so no indices travel over the wire) and cached by the parts of the config it depends on.
+Two kinds, one interface (every client's samples, the classes, the input shape, the fingerprint):
+a :class:`Federation` of a loaded dataset split by a partitioner, computed once per process (the
+server and every client worker derive the same split from the seed, so no indices travel over the
+wire), and a :class:`GeneratedFederation` of a dataset generated per client
+(:mod:`fedsim.data.generated`), which holds no per-client table at all. Both are cached by the parts
+of the config they depend on.
 """
 
 from __future__ import annotations
@@ -17,13 +21,15 @@ from fedsim.config import RunConfig
 from fedsim.data import ArrayDataset, DatasetLoader, data_source, read_dataset
 from fedsim.data.batches import to_float
 from fedsim.data.fingerprint import fingerprint
+from fedsim.data.generated import ClientArrays, GeneratedLoader
 from fedsim.errors import DataError, FedsimError
 from fedsim.partitions import Labels, Partition, Partitioner, class_counts
 
 
 @dataclass(frozen=True)
 class InputTransform:
-    """uint8 images -> the float inputs every model sees: [0, 1], optionally standardised per channel.
+    """uint8 images -> the float inputs every model sees: [0, 1], optionally standardised per channel (float
+    feature vectors pass unchanged).
 
     One object for the clients' training and test batches, the server's global evaluation and the
     diagnostics probe, so all of them see the same inputs.
@@ -41,10 +47,39 @@ class InputTransform:
 
 @dataclass(frozen=True)
 class Federation:
+    """A loaded dataset split among clients."""
+
     dataset: ArrayDataset
     partition: Partition
     train_counts: np.ndarray  # (num_clients, num_classes)
     test_counts: np.ndarray
+
+    @property
+    def classes(self) -> list[str]:
+        return self.dataset.classes
+
+    @property
+    def num_classes(self) -> int:
+        return self.dataset.num_classes
+
+    @property
+    def in_shape(self) -> tuple[int, int, int]:
+        return self.dataset.in_shape
+
+    @property
+    def note(self) -> str:
+        return self.partition.note
+
+    @property
+    def counts(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The (clients, classes) train and test counts partition.csv holds."""
+        return self.train_counts, self.test_counts
+
+    def client(self, pid: int) -> ClientArrays:
+        """Client ``pid``'s slices of the dataset."""
+        ds, part = self.dataset, self.partition
+        tr, te = torch.from_numpy(part.train[pid]), torch.from_numpy(part.test[pid])
+        return ClientArrays(ds.x_train[tr], ds.y_train[tr], ds.x_test[te], ds.y_test[te])
 
     @cached_property
     def data_sha256(self) -> str:
@@ -71,7 +106,43 @@ class Federation:
         return InputTransform(self.channel_stats if normalize else None)
 
 
-def load_federation(cfg: RunConfig, loader: DatasetLoader, partitioner: Partitioner) -> Federation:
+@dataclass(frozen=True)
+class GeneratedFederation:
+    """A dataset generated per client: client ``pid`` is the loader's client ``pid``; nothing is held per client."""
+
+    loader: GeneratedLoader
+    name: str
+    dataset = None  # no whole dataset: no global test set, no probe batch (refused by the config checks)
+    counts = None  # no partition table: a million clients would make it a million rows, drawn for nothing
+    note = ""
+
+    @property
+    def classes(self) -> list[str]:
+        return self.loader.classes
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.loader.classes)
+
+    @property
+    def in_shape(self) -> tuple[int, int, int]:
+        return self.loader.in_shape
+
+    @cached_property
+    def data_sha256(self) -> str:
+        return self.loader.fingerprint()
+
+    def client(self, pid: int) -> ClientArrays:
+        return self.loader.client(pid)
+
+    def input_transform(self, normalize: bool) -> InputTransform:
+        return InputTransform(None)  # normalize is refused for generated data (fedsim.experiment.resolve)
+
+
+AnyFederation = Federation | GeneratedFederation
+
+
+def load_federation(cfg: RunConfig, loader: DatasetLoader, partitioner: Partitioner) -> AnyFederation:
     """The dataset and its split for ``cfg`` (``loader`` and ``partitioner`` are its resolved plugins).
 
     Cached by what the split depends on: ``(dataset, partition, number of clients, seed)``."""
@@ -91,11 +162,13 @@ def load_federation(cfg: RunConfig, loader: DatasetLoader, partitioner: Partitio
     return _CACHE[key]
 
 
-_CACHE: dict[str, Federation] = {}
+_CACHE: dict[str, AnyFederation] = {}
 _CACHE_SIZE = 4
 
 
-def _split(cfg: RunConfig, loader: DatasetLoader, partitioner: Partitioner) -> Federation:
+def _split(cfg: RunConfig, loader: DatasetLoader, partitioner: Partitioner) -> AnyFederation:
+    if isinstance(loader, GeneratedLoader):
+        return GeneratedFederation(loader, cfg.data.dataset.name)
     d = cfg.data
     dataset = read_dataset(loader, data_source(d.root, d.download, d.cache_dir), cfg.data.dataset.name)
     # the split depends on (seed, dataset, N, params) only: a fixed stream for the partitioner

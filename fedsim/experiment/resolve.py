@@ -22,8 +22,9 @@ from fedsim.config import RunConfig
 from fedsim.config_file import load_config
 from fedsim.data import DATASETS, DatasetLoader
 from fedsim.data.base import check_classes
+from fedsim.data.generated import GeneratedLoader
 from fedsim.errors import ConfigError, FedsimError
-from fedsim.experiment.federation import Federation, load_federation
+from fedsim.experiment.federation import AnyFederation, load_federation
 from fedsim.models import MODELS, FedsimModel
 from fedsim.models.size import check_size
 from fedsim.norms import NORMS, Normaliser
@@ -46,21 +47,23 @@ class Experiment:
     model: Resolved[FedsimModel]
     strategy: StrategySpec
 
-    def federation(self) -> Federation:
+    def federation(self) -> AnyFederation:
         """The dataset and its split (decoded and split once per process), refused if a run cannot learn from
         it and score it or a round may train nothing (:func:`fedsim.data.base.check_classes`,
-        :func:`fedsim.partitions.base.check_participation`)."""
+        :func:`fedsim.partitions.base.check_participation`). A dataset generated per client is its own
+        federation (checked with the config: :func:`check_generated`)."""
         fed = load_federation(self.config, self.loader, self.partitioner)
-        check_classes(fed.dataset)
-        check_participation(fed.partition, self.config.train.clients_per_round or self.config.train.num_clients)
+        if fed.dataset is not None:
+            check_classes(fed.dataset)
+            check_participation(fed.partition, self.config.train.clients_per_round or self.config.train.num_clients)
         return fed
 
     def build_model(self) -> FedsimModel:
         """A fresh model for the dataset's classes and image shape (weights from torch's global RNG), once this
         machine can hold it (:func:`fedsim.models.size.check_size`: counted before any weight is allocated)."""
-        ds = self.federation().dataset
-        check_size(self.model, ds.num_classes, ds.in_shape, self.normaliser)
-        model = self.model.create(ds.num_classes, ds.in_shape, self.normaliser)
+        fed = self.federation()
+        check_size(self.model, fed.num_classes, fed.in_shape, self.normaliser)
+        model = self.model.create(fed.num_classes, fed.in_shape, self.normaliser)
         adapted = call_strategy(self, "adapting the model", lambda: self.strategy.adapt_model(model, self.config.seed))
         if not isinstance(adapted, FedsimModel):
             raise ConfigError(
@@ -102,14 +105,47 @@ def _resolve(config_json: str) -> Experiment:
     cfg = RunConfig.from_json(config_json)
     partitioner = PARTITIONERS.resolve(cfg.partition.name, cfg.partition.options, "partition").create()
     partitioner.check_clients(cfg.train.num_clients)
+    loader = DATASETS.resolve(cfg.data.dataset.name, cfg.data.dataset.options, "data.dataset").create()
+    check_generated(cfg, loader)
     return Experiment(
         config=cfg,
-        loader=DATASETS.resolve(cfg.data.dataset.name, cfg.data.dataset.options, "data.dataset").create(),
+        loader=loader,
         partitioner=partitioner,
         normaliser=NORMS.resolve(cfg.model.norm.name, cfg.model.norm.options, "model.norm").create(),
         model=MODELS.resolve(cfg.model.name, cfg.model.options, "model"),
         strategy=STRATEGIES.resolve(cfg.strategy.name, cfg.strategy.options, "strategy").create(),
     )
+
+
+def check_generated(cfg: RunConfig, loader: DatasetLoader) -> None:
+    """A dataset generated per client (:mod:`fedsim.data.generated`) with what it can serve, before any data is
+    drawn: its own partition (``natural``, which nothing else takes), no whole test set, no probe batch and, for
+    feature vectors, no image augmentation or per-channel normalisation."""
+    name, natural = cfg.data.dataset.name, cfg.partition.name == "natural"
+    if not isinstance(loader, GeneratedLoader):
+        if natural:
+            raise ConfigError(
+                "partition: 'natural' takes each client's own samples from a dataset generated per client "
+                f"(synthetic); data.dataset {name!r} is one dataset split by a partitioner: dirichlet, n_class, "
+                "iid, ... (fedsim list partitions)"
+            )
+        return
+    what = f"data.dataset {name!r} is generated per client"
+    if not natural:
+        raise ConfigError(f"partition: {cfg.partition.name!r} splits a loaded dataset; {what}: give partition: natural")
+    d = cfg.diagnostics
+    refused = {
+        "eval.global_test: true": (cfg.eval.global_test, "it has no whole test set (each client's test split counts)"),
+        "diagnostics: a probe batch": (
+            d.features or d.isometry or d.grad_norms or d.probe_size is not None,
+            "the probe is the first test images of a whole test set, which it has not",
+        ),
+        "data.augment: true": (cfg.data.augment and not loader.images, "its samples are feature vectors, not images"),
+        "data.normalize: true": (cfg.data.normalize, "its statistics would need every client's samples"),
+    }
+    for field, (given, why) in refused.items():
+        if given:
+            raise ConfigError(f"{field}: {what} and {why}; turn it off")
 
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Experiment:

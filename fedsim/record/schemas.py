@@ -55,6 +55,7 @@ class MetricsRecord(Written):
     time_s: float | None = Field(None, ge=0)  # time since the run started
     rss_mb: float | None = Field(None, ge=0)
     client_acc: list[Annotated[float, Field(ge=0, le=1)] | None] | None = None
+    eval_clients: list[Annotated[int, Field(ge=0)]] | None = None  # eval.clients: the sample client_acc lists, in order
     personal_acc: float | None = Field(None, ge=0, le=1)  # eval.personal: the personalised models' client-mean
     client_personal_acc: list[Annotated[float, Field(ge=0, le=1)] | None] | None = None
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ from fedsim.record.layout import CLIENT_STATE
 from fedsim.record.writer import RunDir
 from fedsim.server.client_states import check_loaded, record_of, rounds_to_load
 from fedsim.server.delivery import Deliveries
+from fedsim.server.discovery import invert
 from fedsim.server.replies import describe_failures, missing_replies
 
 
@@ -67,13 +69,14 @@ class Checkpointer:
         cfg: RunConfig,
         out: RunDir,
         grid: Grid,
-        node_of_partition: dict[int, int],
+        node_of_partition: Mapping[int, int],
         resumed: Checkpoint | None,
         data_sha256: str,
     ) -> None:
         self.cfg, self.out, self.grid, self.data_sha256 = cfg, out, grid, data_sha256
         self.every = cfg.output.checkpoint_every
-        self.partition_of_node = {n: p for p, n in node_of_partition.items()}
+        self.node_of_partition = node_of_partition
+        self.partition_of_node = invert(node_of_partition)
         self.deliveries = Deliveries(self.partition_of_node)  # the round loop records them; every message carries them
         if resumed is None:  # a fresh run: a run key of its own, so no node ever loads another run's state
             self.run_key, self.last, self.record = f"{out.path.name}-{uuid.uuid4().hex[:8]}", 0, {}
@@ -91,9 +94,11 @@ class Checkpointer:
         elapsed_s: float,
         failed: dict[int, list[int]],
     ) -> None:
-        """Client states first, then ``checkpoint.pt``, whose rename commits round ``server_round``."""
-        every = dict.fromkeys(self.partition_of_node.values(), server_round)
-        replies = self._tell_clients(wire.SAVE_STATE, server_round, every)
+        """Client states first, then ``checkpoint.pt``, whose rename commits round ``server_round``. The nodes asked
+        are those this process sent anything (``Deliveries.touched``): no other node's state changed since it began
+        (a resume's nodes were each told theirs), so a round of a million-client run asks the clients it served."""
+        touched = dict.fromkeys(sorted(self.deliveries.touched), server_round)
+        replies = self._tell_clients(wire.SAVE_STATE, server_round, touched)
         Checkpoint(
             round=server_round,
             arrays=arrays,
@@ -111,8 +116,10 @@ class Checkpointer:
 
     def restore_clients(self) -> None:
         """Every node replaces its Context.state with its state as of the checkpoint: the file the checkpoint
-        recorded for its partition, or none; anything else stops the resume here, before any training."""
-        rounds = rounds_to_load(self.last, self.record, self.partition_of_node.values())
+        recorded for its partition, or none; anything else stops the resume here, before any training. Nodes started
+        with this process (``grid.fresh_nodes``: fedsim's local grid) hold none: only the recorded are told."""
+        everyone = self.record if getattr(self.grid, "fresh_nodes", False) else self.node_of_partition
+        rounds = rounds_to_load(self.last, self.record, everyone)
         replies = self._tell_clients(wire.LOAD_STATE, self.last, rounds)
         check_loaded(self.out.path, self.last, self.record, replies)
 
@@ -133,15 +140,16 @@ class Checkpointer:
         (a node that does not answer stops the run)."""
         messages = [
             Message(
-                RecordDict({wire.CONFIG: self._state_config(rounds[pid])}), dst_node_id=node, message_type=message_type
+                RecordDict({wire.CONFIG: self._state_config(rounds[pid])}),
+                dst_node_id=self.node_of_partition[pid],
+                message_type=message_type,
             )
-            for node, pid in sorted(self.partition_of_node.items())
+            for pid in sorted(rounds)
         ]
         stamped = self.deliveries.stamp(messages)
         replies = list(self.grid.send_and_receive(stamped, timeout=self.cfg.train.round_timeout_s))
         # a checkpoint missing one client's state would not resume to the same run: no failure policy here
-        everyone = sorted(self.partition_of_node.values())
-        reasons = missing_replies(replies, everyone, self.partition_of_node, self.cfg.train.round_timeout_s)
+        reasons = missing_replies(replies, sorted(rounds), self.partition_of_node, self.cfg.train.round_timeout_s)
         if reasons:
             verb = "save" if message_type == wire.SAVE_STATE else "load"
             raise FedsimError(

@@ -16,6 +16,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from fedsim.experiment.federation import AnyFederation
 from fedsim.record.manifest import CHECKS
 
 console = Console(stderr=True)
@@ -36,6 +37,16 @@ def partition_table(train_counts: np.ndarray, test_counts: np.ndarray, classes: 
     if len(train_counts) > limit:
         table.caption = f"... {len(train_counts) - limit} more clients in partition.csv"
     return table
+
+
+def show_partition(fed: AnyFederation) -> None:
+    """The partition table and the partitioner's note; for a dataset generated per client, what it is instead."""
+    if fed.counts is None:
+        console.print(f"{fed.name}: each client's samples generated from the dataset's seed and the client's id")
+        return
+    console.print(partition_table(*fed.counts, fed.classes))
+    if fed.note:
+        console.print(f"[yellow]note:[/] {fed.note}")
 
 
 def summary_table(summary: dict[str, Any]) -> Table:

@@ -8,7 +8,7 @@ settled when it was written, so no node holds a change of an earlier round.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from flwr.app import ConfigRecord, Message, RecordDict
 
@@ -16,11 +16,13 @@ from fedsim import wire
 
 
 class Deliveries:
-    """Partition -> the last round whose training reply from it the server aggregated."""
+    """Partition -> the last round whose training reply from it the server aggregated; and the partitions sent
+    anything by this process (``touched``: the only ones whose state can have changed since it began)."""
 
-    def __init__(self, partition_of_node: dict[int, int]) -> None:
+    def __init__(self, partition_of_node: Mapping[int, int]) -> None:
         self.partition_of_node = partition_of_node
         self.accepted: dict[int, int] = {}
+        self.touched: set[int] = set()
 
     def accept(self, server_round: int, replies: Iterable[Message]) -> None:
         """``replies`` of round ``server_round`` were aggregated."""
@@ -33,6 +35,7 @@ class Deliveries:
         stamped = []
         for m in messages:
             pid = self.partition_of_node[m.metadata.dst_node_id]
+            self.touched.add(pid)
             record = ConfigRecord({wire.ACCEPTED_ROUND: self.accepted.get(pid, 0)})
             m.content = RecordDict({**dict(m.content.items()), wire.DELIVERY: record})
             stamped.append(m)

@@ -8,6 +8,7 @@ round 1 and whatever ``train.on_client_failure`` says: other data is a misconfig
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Mapping
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
@@ -21,15 +22,62 @@ from fedsim.errors import FedsimError, ProtocolError
 _NO_HANDLER = "No query function registered"
 
 
-def discover_partitions(grid: Grid, cfg: RunConfig, data_sha256: str, wait_s: float = 600.0) -> dict[int, int]:
+class ShiftedIds(Mapping[int, int]):
+    """``key -> key + shift`` for keys ``start .. start + count - 1``: the partition -> node map of nodes this
+    process serves (fedsim's local grid), held in two numbers rather than a dict of a million entries."""
+
+    def __init__(self, start: int, count: int, shift: int) -> None:
+        self.start, self.count, self.shift = start, count, shift
+
+    def __getitem__(self, key: int) -> int:
+        if not self.start <= key < self.start + self.count:
+            raise KeyError(key)
+        return key + self.shift
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.start + self.count))
+
+    def __len__(self) -> int:
+        return self.count
+
+    def inverse(self) -> ShiftedIds:
+        return ShiftedIds(self.start + self.shift, self.count, -self.shift)
+
+
+def invert(mapping: Mapping[int, int]) -> Mapping[int, int]:
+    """``mapping`` the other way round (node -> partition from partition -> node)."""
+    if isinstance(mapping, ShiftedIds):
+        return mapping.inverse()
+    return {v: k for k, v in mapping.items()}
+
+
+def discover_partitions(grid: Grid, cfg: RunConfig, data_sha256: str, wait_s: float = 600.0) -> Mapping[int, int]:
     """Partition id -> node id for every node, each of which read the data of fingerprint ``data_sha256``;
-    waits until ``train.num_clients`` nodes are connected."""
+    waits until ``train.num_clients`` nodes are connected. A grid that serves its nodes in this process
+    (``known_partitions``) states the map itself: one of its nodes answers the query (its runtime is the
+    process's), not each of a million."""
     num_clients = cfg.train.num_clients
+    known = getattr(grid, "known_partitions", lambda: None)()
+    if known is not None:
+        found = _query(grid, cfg, data_sha256, [known[0]], wait_s)
+        if found != {0: known[0]}:
+            raise FedsimError(f"node {known[0]} answers partition {sorted(found)}, expected 0")
+        return known
     deadline = time.monotonic() + wait_s
     while len(node_ids := list(grid.get_node_ids())) < num_clients:
         if time.monotonic() > deadline:
             raise FedsimError(f"only {len(node_ids)} of {num_clients} client nodes connected in {wait_s:.0f} s")
         time.sleep(0.5)
+    mapping = _query(grid, cfg, data_sha256, node_ids, wait_s)
+    if sorted(mapping) != list(range(num_clients)):
+        raise FedsimError(
+            f"nodes hold partitions {sorted(mapping)}, expected 0..{num_clients - 1} (train.num_clients)"
+        )
+    return mapping
+
+
+def _query(grid: Grid, cfg: RunConfig, data_sha256: str, node_ids: list[int], wait_s: float) -> dict[int, int]:
+    """Partition id -> node id of ``node_ids``, each checked to have read the run's data."""
     config_json = cfg.to_json()  # the node reads the run's data from it, as its rounds will
     queries = [
         Message(
@@ -56,8 +104,4 @@ def discover_partitions(grid: Grid, cfg: RunConfig, data_sha256: str, wait_s: fl
         if pid in mapping:
             raise FedsimError(f"two nodes claim partition {pid}: check each node's partition-id")
         mapping[pid] = node
-    if sorted(mapping) != list(range(num_clients)):
-        raise FedsimError(
-            f"nodes hold partitions {sorted(mapping)}, expected 0..{num_clients - 1} (train.num_clients)"
-        )
     return mapping

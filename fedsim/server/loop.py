@@ -13,7 +13,7 @@ starts at the round after its checkpoint.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -37,12 +37,13 @@ from fedsim.record.manifest import DATA_FINGERPRINT
 from fedsim.record.paths import default_run_dir
 from fedsim.record.writer import RunDir
 from fedsim.server.checkpoint import Checkpointer, set_rng_state
-from fedsim.server.console import console, partition_table, summary_table
+from fedsim.server.console import console, show_partition, summary_table
 from fedsim.server.contract import CheckedStrategy
-from fedsim.server.discovery import discover_partitions
+from fedsim.server.discovery import discover_partitions, invert
+from fedsim.server.polling import OfferedGrid
 from fedsim.server.replies import describe_failures, divergence, good_replies, missing_replies
 from fedsim.server.reporter import ClientScore, RoundReporter
-from fedsim.server.sampling import ClientSampler
+from fedsim.server.sampling import EVAL_STREAM, ClientSampler
 from fedsim.strategies.server_half import ServerSetup, check_strategy
 from fedsim.trackers import open_trackers
 
@@ -55,16 +56,17 @@ class RoundLoop:
         cfg: RunConfig,
         grid: Grid,
         strategy: CheckedStrategy,
-        node_of_partition: dict[int, int],
+        node_of_partition: Mapping[int, int],
         reporter: RoundReporter,
         checkpoints: Checkpointer,
     ) -> None:
         self.cfg, self.grid, self.strategy = cfg, grid, strategy
         self.node_of_partition = node_of_partition
-        self.partition_of_node = {n: p for p, n in node_of_partition.items()}
+        self.partition_of_node = invert(node_of_partition)
         self.reporter, self.checkpoints = reporter, checkpoints
         t = cfg.train
-        self.sampler = ClientSampler(tuple(node_of_partition), t.clients_per_round or t.num_clients, cfg.seed)
+        self.sampler = ClientSampler(t.num_clients, t.clients_per_round or t.num_clients, cfg.seed)
+        self.scored = ClientSampler(t.num_clients, cfg.eval.clients or t.num_clients, cfg.seed, EVAL_STREAM)
         self.cadence = EvalCadence(cfg.eval.every, t.rounds)
         self.config_json = cfg.to_json()
 
@@ -87,7 +89,7 @@ class RoundLoop:
     def train(self, server_round: int, arrays: ArrayRecord) -> tuple[ArrayRecord, float | None]:
         """One round of training: the new global model and the aggregated training loss."""
         chosen = self.sampler.sample(server_round)
-        messages = self.strategy.configure("configure_train", server_round, arrays, self._config(), self.grid)
+        messages = self.strategy.configure("configure_train", server_round, arrays, self._config(), self._offer(chosen))
         replies = self._exchange(messages, chosen, server_round, "training")
         # a server step that overflows (FedYogi's Δ², η·m/√v) is a divergence, said in the run's one error line
         # below: numpy's RuntimeWarnings about it printed lines of their own before that line
@@ -99,14 +101,17 @@ class RoundLoop:
         loss = float(metrics[wire.TRAIN_LOSS]) if metrics is not None and wire.TRAIN_LOSS in metrics else None
         return new, loss
 
-    def evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[int, ClientScore]:
-        """Every client's evaluation of the global model (and of its personalised one, with ``eval.personal``)."""
-        everyone = sorted(self.node_of_partition)
-        messages = self.strategy.configure("configure_evaluate", server_round, arrays, self._config(), self.grid)
-        replies = self._exchange(messages, everyone, server_round, "evaluation")
+    def evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[int, ClientScore | None]:
+        """Every client's evaluation of the global model (and of its personalised one, with ``eval.personal``); with
+        ``eval.clients``, a sample's."""
+        scored = self.scored.sample(server_round)
+        messages = self.strategy.configure(
+            "configure_evaluate", server_round, arrays, self._config(), self._offer(scored)
+        )
+        replies = self._exchange(messages, scored, server_round, "evaluation")
         self.strategy.aggregate_evaluate(server_round, replies)  # the strategy's own bookkeeping, if any
         personal = self.cfg.eval.personal.steps is not None
-        return {
+        return dict.fromkeys(scored) | {  # None: the client failed (on_client_failure: skip)
             wire.partition_of(m): ClientScore(
                 int(wire.reply_metric(m, wire.NUM_EXAMPLES)),
                 int(wire.reply_metric(m, wire.CORRECT)),
@@ -115,6 +120,17 @@ class RoundLoop:
             )
             for m in replies
         }
+
+    def _offer(self, partitions: list[int]) -> OfferedGrid:
+        """The grid as the strategy sees it: the nodes of ``partitions`` still connected (a strategy configures every
+        node it is offered; a million-client round builds the messages of the clients it sampled, not a million)."""
+        live = self._connected()
+        return OfferedGrid(self.grid, [node for p in partitions if (node := self.node_of_partition[p]) in live])
+
+    def _connected(self) -> Container[int]:
+        """The grid's nodes, for membership (a range, as the local grid lists its nodes, kept one)."""
+        connected = self.grid.get_node_ids()
+        return connected if isinstance(connected, range) else set(connected)
 
     def _config(self) -> ConfigRecord:
         # a fresh record per round: Flower's strategies write the round into the one they are given
@@ -129,7 +145,7 @@ class RoundLoop:
         (``on_client_failure: fail``) or is left out and recorded (``skip``)."""
         addressed = {m.metadata.dst_node_id: m for m in messages}
         unaddressed = [p for p in partitions if self.node_of_partition[p] not in addressed]
-        connected = set(self.grid.get_node_ids()) if unaddressed else set()
+        connected = self._connected() if unaddressed else set()
         if strangers := [p for p in unaddressed if self.node_of_partition[p] in connected]:
             raise ConfigError(
                 f"round {server_round}, {what}: the strategy ({self.strategy.name}) configured no "
@@ -196,21 +212,19 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
     if resumed is not None:
         check_same_data(resumed.data_sha256, data_sha256, out.path / CHECKPOINT, cfg.data.root)
     out.write_config(cfg)
-    ds = fed.dataset
-    out.write_partition(fed.train_counts, fed.test_counts, ds.classes)
+    if fed.counts is not None:  # a dataset generated per client has no table: each client is drawn when trained
+        out.write_partition(*fed.counts, fed.classes)
     if resumed is not None:
         out.restore_metrics(resumed.metrics)
     if show:
-        console.print(partition_table(fed.train_counts, fed.test_counts, ds.classes))
-        if fed.partition.note:
-            console.print(f"[yellow]note:[/] {fed.partition.note}")
+        show_partition(fed)
 
     node_of_partition = discover_partitions(grid, cfg, data_sha256)
     model = experiment.initial_model()
     setup = ServerSetup(cfg.train.num_clients, frozenset(name for name, _ in model.named_parameters()))
     server = build_server(experiment, setup)
     check_strategy(server, cfg.train.num_clients)
-    reporter = RoundReporter(experiment, list(node_of_partition), out, show)
+    reporter = RoundReporter(experiment, out, show)
     checkpoints = Checkpointer(cfg, out, grid, node_of_partition, resumed, data_sha256)
     arrays, done = to_array_record(model.state_dict()), 0
     strategy = CheckedStrategy(server, cfg.strategy.name, arrays, cfg.train.round_timeout_s)

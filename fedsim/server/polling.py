@@ -6,7 +6,8 @@ query, a checkpoint's state messages) ends on average 1.5 s after its last reply
 round loop needs nothing else of ``send_and_receive``, so :class:`PromptGrid` does the same through the
 Grid's public ``push_messages`` / ``pull_messages``, pulling every 0.1 s (a pull is one small request).
 A wrapper that acts at every pull (the ``flower`` engine's: a stop, a message to send again) builds on it
-by overriding ``pull_messages``, which Flower's own ``send_and_receive`` would bypass.
+by overriding ``pull_messages``, which Flower's own ``send_and_receive`` would bypass. Both build on
+:class:`GridView`, as does :class:`OfferedGrid`, the round loop's grid of the clients it sampled.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from flwr.supercore.run import Run
 POLL_S = 0.1
 
 
-class PromptGrid(Grid):
-    """``grid`` with :meth:`send_and_receive` pulling every :data:`POLL_S` seconds; the rest delegated."""
+class GridView(Grid):
+    """``grid``, every method delegated: the base of a wrapper that changes one."""
 
     def __init__(self, grid: Grid) -> None:
         self.grid = grid
@@ -47,6 +48,24 @@ class PromptGrid(Grid):
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return self.grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        return self.grid.send_and_receive(messages, timeout=timeout)
+
+
+class OfferedGrid(GridView):
+    """``grid`` listing only ``nodes``: what the round loop offers a strategy to configure (the sampled clients)."""
+
+    def __init__(self, grid: Grid, nodes: list[int]) -> None:
+        super().__init__(grid)
+        self.nodes = nodes
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.nodes)
+
+
+class PromptGrid(GridView):
+    """``grid`` with :meth:`send_and_receive` pulling every :data:`POLL_S` seconds; the rest delegated."""
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Push ``messages``; the replies that came within ``timeout`` seconds (None: wait for all)."""

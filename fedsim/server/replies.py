@@ -6,7 +6,7 @@ replies, sorted by partition id, so float sums run in the same order under every
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 from flwr.app import ArrayRecord, Message
@@ -16,7 +16,7 @@ from fedsim.arrays import array_view
 
 
 def missing_replies(
-    replies: list[Message], expected: Iterable[int], partition_of_node: dict[int, int], timeout_s: float
+    replies: list[Message], expected: Iterable[int], partition_of_node: Mapping[int, int], timeout_s: float
 ) -> dict[int, str]:
     """Each expected partition without a good reply, with why: its error, else the errors not from a
     client node (Flower's SuperLink answers itself for a node it lost, NODE_UNAVAILABLE, from its own

@@ -82,9 +82,9 @@ class GlobalEvaluator:
 class RoundReporter:
     """Writes the metrics lines and moves the progress bar; holds the failures not yet written."""
 
-    def __init__(self, experiment: Experiment, partitions: list[int], out: RunDir, show: bool) -> None:
+    def __init__(self, experiment: Experiment, out: RunDir, show: bool) -> None:
         cfg = experiment.config
-        self.cfg, self.partitions, self.out = cfg, sorted(partitions), out
+        self.cfg, self.out = cfg, out
         self.global_eval = GlobalEvaluator(experiment) if cfg.eval.global_test else None
         self.diagnostics = ProbeDiagnostics.from_experiment(experiment)  # None unless `diagnostics:` asks
         self.progress = RoundProgress(cfg.train.rounds, show)
@@ -125,10 +125,10 @@ class RoundReporter:
         self.round_ends.append(time.perf_counter())
 
     def round_done(
-        self, server_round: int, arrays: ArrayRecord, loss: float | None, scores: dict[int, ClientScore] | None
+        self, server_round: int, arrays: ArrayRecord, loss: float | None, scores: dict[int, ClientScore | None] | None
     ) -> None:
         """After the round's training (``loss``: the aggregated training loss) and, on evaluation rounds,
-        ``scores``: each client's evaluation."""
+        ``scores``: each scored client's evaluation (None: it failed)."""
         if scores is None:
             self._progressed(server_round, loss, None)
             return
@@ -145,11 +145,13 @@ class RoundReporter:
             record["personal_acc"] = _mean(client_personal_acc)
         if self.global_eval is not None:
             record.update(self.global_eval(arrays))
-        client_losses = {pid: score.loss for pid, score in scores.items()}
+        client_losses = {pid: score.loss for pid, score in scores.items() if score is not None}
         if why := evaluation_divergence(client_losses, record.get("global_loss"), arrays):  # before any line
             raise TrainingError(f"training diverged in round {server_round}: {why}")
         if self.diagnostics is not None:
             record.update(self.diagnostics(arrays))
+        if self.cfg.eval.clients is not None:  # a sample: which clients client_acc lists
+            record["eval_clients"] = list(client_acc)
         record["client_acc"] = list(client_acc.values())  # None: no test data, or the client failed
         if client_personal_acc is not None:
             record["client_personal_acc"] = list(client_personal_acc.values())
@@ -161,14 +163,13 @@ class RoundReporter:
         self.last = record
         self._progressed(server_round, loss, record["client_mean_acc"])
 
-    def _client_accuracies(self, scores: dict[int, ClientScore], field: str) -> dict[int, float | None]:
-        """Each partition's accuracy from its score's ``field`` (correct counts); None: no test data, or the client
-        failed."""
+    def _client_accuracies(self, scores: dict[int, ClientScore | None], field: str) -> dict[int, float | None]:
+        """Each scored partition's accuracy from its score's ``field`` (correct counts), in partition order; None: no
+        test data, or the client failed."""
         return {
-            pid: getattr(scores[pid], field) / scores[pid].num_examples
-            if pid in scores and scores[pid].num_examples else None
-            for pid in self.partitions
-        }  # fmt: skip
+            pid: getattr(score, field) / score.num_examples if score is not None and score.num_examples else None
+            for pid, score in sorted(scores.items())
+        }
 
     def _progressed(self, server_round: int, loss: float | None, acc: float | None) -> None:
         self.progress.update(server_round, loss, acc)

@@ -341,6 +341,7 @@ def check_data(runs: list[tuple[str, RunConfig]]) -> dict[str, str]:
     """The cells whose dataset cannot be read here, and why: each distinct dataset read once, before any
     run (data that is missing or corrupt would otherwise fail every cell in turn)."""
     from fedsim.data.base import data_source, read_dataset
+    from fedsim.data.generated import GeneratedLoader
 
     why: dict[str, str | None] = {}
     bad = {}
@@ -349,7 +350,8 @@ def check_data(runs: list[tuple[str, RunConfig]]) -> dict[str, str]:
         key = d.model_dump_json()
         if key not in why:
             try:
-                read_dataset(resolve(cfg).loader, data_source(d.root, d.download, d.cache_dir), d.dataset.name)
+                if not isinstance(loader := resolve(cfg).loader, GeneratedLoader):  # nothing to read
+                    read_dataset(loader, data_source(d.root, d.download, d.cache_dir), d.dataset.name)
                 why[key] = None
             except FedsimError as err:
                 why[key] = str(err)
