@@ -24,10 +24,10 @@ from flwr.app import Context, Message
 from fedsim import wire
 from fedsim.app.cli import main
 from fedsim.client import app as client_app
-from fedsim.engines.local import LocalGrid
 from fedsim.client.app import app as fedsim_client
 from fedsim.data import load_dataset
 from fedsim.data.fingerprint import fingerprint
+from fedsim.engines.local import LocalGrid
 from fedsim.errors import DataError
 from fedsim.experiment import federation
 from fedsim.record.checkpoint import PAYLOAD, checkpoint_bytes

@@ -9,7 +9,7 @@ process and kept as uint8 NCHW tensors (batching slices them: no per-sample deco
 
 from __future__ import annotations
 
-from fedsim.data import domains, imagefolder, npz, tinyimagenet, torchvision_sets  # noqa: F401 (the built-ins register themselves on import)
+from fedsim.data import domains, imagefolder, npz, synthetic, tinyimagenet, torchvision_sets  # noqa: F401 (the built-ins register themselves on import)
 from fedsim.data.base import (
     ASSETS_DIR,
     DATASETS,
