@@ -3,7 +3,7 @@
 Each process keeps, per run config, one :class:`ClientRuntime`: the decoded dataset and its split,
 one model object, the strategy's client hooks and one optimiser (one per client of a group with
 ``simulation.vmap_clients``). A client's data slice is cut once and kept (a dataset generated per
-client: the most recently used ``GENERATED_KEPT`` clients' samples); each message only loads new
+client: generated again each round, ``GENERATED_KEPT`` clients kept); each message only loads new
 weights into the model. Client state that crosses rounds lives in the node's ``Context.state``,
 so it follows the node whichever process serves it.
 """
@@ -41,9 +41,11 @@ def round_seed(seed: int, server_round: int, partition_id: int) -> int:
     return int(np.random.SeedSequence([seed, server_round, partition_id]).generate_state(1)[0])
 
 
-# the generated clients' samples a worker keeps: a million-client federation samples a client again rarely, and
-# holding every client it ever trained would grow with the run, not with the round
-GENERATED_KEPT = 1024
+# the generated clients' samples a worker keeps: those of the client it is serving (a round asks for them two or
+# three times in a row); a million-client federation samples a client again rarely, and keeping more would grow
+# with the run and the power-law tail of client sizes, and make a small federation (its clients drawn again
+# and again) cheaper per round than a large one for no reason but the cache
+GENERATED_KEPT = 8
 
 
 @dataclass
