@@ -150,8 +150,11 @@ class BatchStream:
             torch.randperm(n, generator=g, device=g.device)
         pending = torch.empty(0, dtype=torch.int64, device=g.device)
         for _ in range(k):
-            while len(pending) < b:
-                pending = torch.cat([pending, torch.randperm(n, generator=again, device=g.device)[:used]])
+            chunks, have = [pending], len(pending)
+            while have < b:  # joined once: a batch of many permutations of a small client grew quadratically
+                chunks.append(torch.randperm(n, generator=again, device=g.device)[:used])
+                have += len(chunks[-1])
+            pending = torch.cat(chunks)
             idx, pending = pending[:b], pending[b:]
             yield idx
 
