@@ -3,6 +3,8 @@ authors' generator, not from fedsim's code."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -74,6 +76,57 @@ def test_the_inputs_have_the_published_covariance() -> None:
     x = data.client(k).x_train.view(-1, 60).double().numpy()
     var, expected = x.var(0, ddof=1), np.arange(1, 61) ** -1.2
     assert np.all(np.abs(var - expected) < 6 * expected * np.sqrt(2 / (len(x) - 1)))
+
+
+def test_every_option_but_alpha_changes_the_data() -> None:
+    def labels(**options: object) -> torch.Tensor:
+        return torch.cat([loader(**options).client(k).y_train for k in range(10)])
+
+    base = loader().client(3)
+    for options in ({"beta": 0.5}, {"seed": 1}, {"iid": True}):
+        assert not torch.equal(loader(**options).client(3).x_train, base.x_train), options
+    # alpha moves only u_k, the mean of every entry of W_k and b_k: it adds u_k (sum_j x_j + 1) to every class's
+    # logit of a sample alike, which the argmax ignores. The same seed draws the same samples for any alpha (in
+    # FedProx's definition alpha changes no distribution); only the fingerprint tells them apart
+    assert torch.equal(loader(alpha=0.5).client(3).x_train, base.x_train)
+    assert torch.equal(labels(alpha=0.0), labels()) and torch.equal(labels(alpha=10.0), labels())
+    assert loader(alpha=0.5).fingerprint() != loader().fingerprint()
+    # n_k is the stream's first draw: alpha, beta and iid change what follows it, never the client's size
+    assert len(loader(alpha=0.5, iid=True).client(3).y_train) == len(base.y_train)
+
+
+def test_sizes_follow_the_power_law_and_the_split_is_nine_tenths() -> None:
+    # n_k = floor(L) + 50, L ~ LogNormal(4, 2): P(n_k <= m) = P(L < m - 49) = Phi((ln(m - 49) - 4) / 2);
+    # over N clients the fraction at or below m has a binomial standard error sqrt(p (1 - p) / N): 6 of them
+    data, count = loader(dim=1, num_classes=2), 1000  # n_k is the stream's first draw, whatever d and C
+    sizes = []
+    for k in range(count):
+        got = data.client(k)
+        n, n_train = len(got.y_train) + len(got.y_test), len(got.y_train)
+        assert n >= 50 and n_train == int(0.9 * n) and len(got.x_train) == n_train
+        sizes.append(n)
+    for m in (60, 104, 1050):
+        p = 0.5 * (1 + math.erf((math.log(m - 49) - 4) / 2 / math.sqrt(2)))
+        assert abs(np.mean(np.array(sizes) <= m) - p) < 6 * math.sqrt(p * (1 - p) / count), m
+
+
+def test_synthetic_iid_inputs_are_one_gaussian_and_its_labels_one_linear_model() -> None:
+    # FedProx's Synthetic-IID (generate_iid.py: v_k = 0, one W and b) is iid with alpha = beta = 0: every
+    # client's x_j ~ N(0, j^-1.2), so the pooled mean is within 6 standard errors sqrt(j^-1.2 / n) of 0 and the
+    # mean square (the variance about the known mean 0) within 6 * j^-1.2 * sqrt(2 / n) of j^-1.2
+    data = loader(iid=True, alpha=0.0, beta=0.0, max_samples=2000)
+    x = torch.cat([data.client(k).x_train.view(-1, 60) for k in range(100)]).double().numpy()
+    n, expected = len(x), np.arange(1, 61) ** -1.2
+    assert np.all(np.abs(x.mean(0)) < 6 * np.sqrt(expected / n))
+    assert np.all(np.abs((x**2).mean(0) - expected) < 6 * expected * np.sqrt(2 / n))
+    # one model for every client: the shared W, b label client 5's samples and client 77's alike
+    shared = np.random.default_rng(np.random.SeedSequence([0, 2**32]))
+    w, b = shared.normal(0, 1, (60, 10)), shared.normal(0, 1, 10)
+    for k in (5, 77):
+        got = data.client(k)
+        logits = got.x_train.view(-1, 60).double().numpy() @ w + b
+        # from float32 inputs a near-tie may flip; the float64 inputs' labels differ on at most a handful
+        assert np.mean(np.argmax(logits, 1) == got.y_train.numpy()) > 0.99
 
 
 def test_max_samples_cuts_the_tail_and_the_fingerprint_follows_every_option() -> None:

@@ -3,16 +3,22 @@
 Client k's data, as the authors' generator draws it (``data/synthetic_*/generate_synthetic.py`` of
 litian96/FedProx), each client from its own stream ``SeedSequence([seed, k])`` in this order:
 
-1. ``n_k = int(LogNormal(4, 2)) + 50`` samples (a power law: median 104, mean about 450, a heavy tail);
+1. ``n_k = int(LogNormal(4, 2)) + 50`` samples (median 104, mean e^6 + 50 ≈ 453, a heavy tail: of a million
+   clients at seed 0, 85 hold more than 100,000 and the largest 791,480; ``max_samples`` cuts it);
 2. ``u_k ~ N(0, α)`` and ``B_k ~ N(0, β)``, α and β the standard deviations (numpy's ``scale``, as the code
-   draws them; the paper writes them as variances, the same at α = β = 1 and 0);
+   draws them; the paper writes them as variances, the same at α = β = 1 and 0). u_k, the mean of every entry
+   of W_k and b_k, adds u_k (Σ_j x_j + 1) to each class's logit of a sample alike, so α changes no label: the
+   same seed draws the same samples for every α (so does the authors' definition, in distribution);
 3. ``v_k ~ N(B_k, 1)`` per coordinate (``iid``: ``v_k = B_k`` in every coordinate);
 4. ``W_k ~ N(u_k, 1)`` (d x C) and ``b_k ~ N(u_k, 1)`` (C) (``iid``: one ``W``, ``b`` ~ N(0, 1) for every
-   client, from the stream ``SeedSequence([seed, 2**32])``);
-5. ``x ~ N(v_k, Σ)``, Σ diagonal with ``Σ_jj = j^-1.2`` (j = 1..d): ``v_k + sqrt(Σ_jj) z``, z standard normal;
+   client, from the stream ``SeedSequence([seed, 2**32])``, W then b; the client's own stream skips them);
+5. ``x ~ N(v_k, Σ)``, Σ diagonal with ``Σ_jj = j^-1.2`` (j = 1..d): ``v_k + j^-0.6 z``, z an n x d block of
+   standard normals;
 6. ``y = argmax(x W_k + b_k)`` (the argmax of the softmax), in float64;
 
-the first ``int(0.9 n_k)`` samples train, the rest test (the code's split). ``x`` is then float32.
+the first ``int(0.9 n_k)`` samples train, the rest test (the code's split, which it takes after a shuffle
+that i.i.d. samples make moot). ``x`` is then float32. FedProx's Synthetic-IID (``generate_iid.py``: v_k = 0)
+is ``iid: true, alpha: 0, beta: 0``.
 """
 
 from __future__ import annotations
@@ -35,9 +41,11 @@ class Synthetic(GeneratedLoader):
     """FedProx's Synthetic(alpha, beta): 60 features, 10 classes, each client generated from its id (any number)."""
 
     class Params(PluginParams):
-        alpha: float = Field(1.0, ge=0, le=1e3, description="how much the clients' models differ (std of u_k)")
+        alpha: float = Field(
+            1.0, ge=0, le=1e3, description="std of u_k, the mean of W_k's and b_k's entries (it changes no label)"
+        )
         beta: float = Field(1.0, ge=0, le=1e3, description="how much the clients' inputs differ (std of B_k)")
-        iid: bool = Field(False, description="FedProx's Synthetic-IID: one model, v_k = B_k")
+        iid: bool = Field(False, description="one W, b for every client, v_k = B_k (Synthetic-IID: with beta 0)")
         dim: int = Field(60, ge=1, le=10_000, description="features per sample")
         num_classes: int = Field(10, ge=2, le=1_000, description="classes")
         max_samples: int | None = Field(
@@ -72,7 +80,11 @@ class Synthetic(GeneratedLoader):
             w, b = shared.normal(0, 1, (d, c)), shared.normal(0, 1, c)
         else:
             w, b = rng.normal(u, 1, (d, c)), rng.normal(u, 1, c)
-        x = v + np.arange(1, d + 1, dtype=np.float64) ** -0.6 * rng.standard_normal((n, d))  # sqrt(j^-1.2)
+        # x = v + sqrt(Σ_jj) z, in place (the same float64 values as the expression; a tail client of ~800,000
+        # samples peaks at one n x d float64 array rather than three)
+        x = rng.standard_normal((n, d))
+        x *= np.arange(1, d + 1, dtype=np.float64) ** -0.6  # sqrt(j^-1.2)
+        x += v
         y = torch.from_numpy(np.argmax(x @ w + b, axis=1).astype(np.int64))
         x32 = torch.from_numpy(x.astype(np.float32)).view(n, 1, 1, d)
         cut = int(0.9 * n)
