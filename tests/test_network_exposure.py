@@ -59,7 +59,16 @@ def name(pid: int) -> str:
         return "?"
     if Path(args[0]).name.startswith("python"):
         args = [arg for arg in args[1:] if arg not in ("-u", "-m")] or args
-    return Path(args[0].split(" ")[0]).name
+    script = args[0].split(" ")[0]
+    # Ray's own scripts, named as their processes name themselves once started: a loaded machine can see a
+    # worker's socket before setproctitle makes it ray::<class>
+    for path, title in RAY_SCRIPTS.items():
+        if script.endswith(path):
+            return title
+    return Path(script).name
+
+
+RAY_SCRIPTS = {"ray/_private/workers/default_worker.py": "ray::", "ray/_private/runtime_env/agent/main.py": "ray-agent"}
 
 
 def watch(proc: subprocess.Popen[str], mark: str, timeout: float, until: Callable[[Seen], bool] | None = None) -> Seen:
@@ -87,8 +96,9 @@ def exposed(seen: Seen) -> list[str]:
 
 
 def listeners(seen: Seen) -> set[str]:
-    """The programs seen listening, Ray's workers as one (``ray::``, whatever class each one serves)."""
-    return {"ray::" if who.startswith("ray::") else who for who in seen.values()}
+    """The programs seen listening, Ray's workers as one (``ray::``, whatever class each one serves); Ray's
+    runtime-env agent, which a run may or may not catch listening on loopback, left out."""
+    return {"ray::" if who.startswith("ray::") else who for who in seen.values()} - {"ray-agent"}
 
 
 RAY = {"gcs_server", "raylet", "ray::", "fedsim.app.cli"}  # the GCS, the raylet, a worker and the driver
