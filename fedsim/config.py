@@ -258,7 +258,8 @@ class SimulationConfig(_Strict):
         f"before the run starts: a Ray of this Ray and Python version must answer there within {RAY_PROBE_TIMEOUT_S:g} "
         "s; unset: a Ray instance of this process alone, every server on 127.0.0.1. A head that goes away mid-run "
         f"(its GCS, asked throughout each round, not answering within {RAY_HEAD_WAIT_S:g} s) stops the run in one "
-        "line, the last checkpoint kept",
+        "line, the last checkpoint kept; under engine: flower the driver is a child of the fedsim run process, "
+        "which says how it ended if Ray ended it",
     )
     device: Literal["cpu", "cuda"] = "cpu"
     threads: int | Literal["auto"] = Field(

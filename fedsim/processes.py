@@ -45,6 +45,33 @@ def die_with_parent() -> Callable[[], None]:
     return lambda: die_with(parent)
 
 
+def run_in_charge(cmd: list[str], stdin: bytes | None = None, **popen: Any) -> int:
+    """Run ``cmd`` as a child in charge of this process's work: in a process group of its own (a terminal's
+    Ctrl-C reaches this process alone), Ctrl-C and SIGTERM passed on to it, dying with this process; its
+    return code (negative: the signal that ended it). ``stdin``: written to it, then closed."""
+    parent = os.getpid()
+
+    def setup() -> None:
+        # this process passes Ctrl-C on, so the child must act on it even where this one was started with
+        # SIGINT ignored (a script's background job), which it would otherwise inherit
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        die_with(parent)
+
+    if stdin is not None:
+        popen["stdin"] = subprocess.PIPE
+    child = subprocess.Popen(cmd, preexec_fn=setup, process_group=0, **popen)
+    handlers = {sig: signal.signal(sig, lambda s, _f: child.send_signal(s)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if stdin is not None:
+            assert child.stdin is not None
+            child.stdin.write(stdin)
+            child.stdin.close()
+        return child.wait()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
 def _stat(pid: int) -> list[str] | None:
     """The fields of /proc/<pid>/stat after the command name, or None if the process is gone."""
     try:

@@ -38,6 +38,7 @@ from fedsim.engines.ray_cluster import RAY_SERVICES, head_gone, init_ray, worker
 from fedsim.engines.runner import OFFLINE_ENV, run
 from fedsim.errors import ConfigError
 from fedsim.ports import free_port, free_ports
+from fedsim.processes import parents
 from fedsim.record.checkpoint import Checkpoint
 from tests.conftest import REPO, host_address, small_config, write_config
 from tests.plugins.dying_worker import WORKER_END
@@ -164,19 +165,17 @@ def test_run_on_existing_cluster_matches_inline(
     assert actor_class in ray_head.actor_classes()  # its clients ran in the cluster's workers
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("policy", ["fail", "skip"])
-def test_a_head_lost_mid_round_stops_the_run_in_one_line_within_the_bound(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str
-) -> None:
-    # the head's own workers hang as round 3 begins; then every process of the head's node is SIGKILLed (as its
-    # machine going away would end them), the driver left running: neither policy can go on without a head
+def head_lost_mid_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str, policy: str
+) -> tuple[int, str, float]:
+    """``fedsim run`` on ``engine`` joined to a head whose own workers hang as round 3 begins; then every process
+    of the head's node is SIGKILLed (as its machine going away would end them), the driver left running: its
+    exit status, its stderr, and the seconds it took to end after the node went."""
     pids = tmp_path / "pids"
     pids.mkdir()
     monkeypatch.setenv(WORKER_END, f"3:*:hang:{pids}")  # for the node's workers, not for the driver
     with started_head(num_cpus=2, num_gpus=0) as head:
-        raw = lost_config(tmp_path, {}, "DyingFedAvg", on_client_failure=policy, rounds=5)
-        raw["simulation"] = {"backend": "ray", "ray_address": head.address, "client_resources": {"num_cpus": 1}}
+        raw = lost_config(tmp_path, on_cluster(head.address, engine), "DyingFedAvg", on_client_failure=policy, rounds=5)
         run = fedsim("run", str(write_config(tmp_path, raw)))
         deadline = time.monotonic() + 600
         while not any(pids.glob("*.pid")):
@@ -189,21 +188,117 @@ def test_a_head_lost_mid_round_stops_the_run_in_one_line_within_the_bound(
         code, err = finished(run)
         took = time.monotonic() - lost
         assert not node_pids(head.group, head.temp_dir)  # nothing of the head's node left running
+    run_dir = tmp_path / "run"
+    assert [m["round"] for m in metrics(run_dir)] == [1, 2]
+    assert Checkpoint.load(run_dir).round == 2 and not (run_dir / "summary.json").exists()
+    return code, err, took
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["fail", "skip"])
+def test_a_head_lost_mid_round_stops_the_run_in_one_line_within_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str
+) -> None:
+    # neither policy can go on without a head
+    code, err, took = head_lost_mid_round(tmp_path, monkeypatch, "local", policy)
 
     assert code == 2, err[-3000:]
     lines = err.splitlines()
     assert len(lines) == 1, err[-3000:]  # no traceback, none of Ray's lines, no warning of a replaced worker
-    gcs = re.escape(head.address.rpartition(":")[2])
     assert re.fullmatch(
-        rf"fedsim: error: round 3, training: the Ray cluster's head \(its GCS at [\d.]+:{gcs}\) did not answer "
+        rf"fedsim: error: round 3, training: the Ray cluster's head \(its GCS at [\d.]+:\d+\) did not answer "
         rf"within {RAY_HEAD_WAIT_S:g} s \(.+\); the last good checkpoint \(round 2\) is in .+",
         lines[0],
     ), lines[0]
     # the bound and the shutdown after it; Ray's own, a minute after the GCS went, would end it in lines of its own
     assert took < RAY_HEAD_WAIT_S + 35, took
+
+
+@pytest.mark.slow
+def test_a_head_lost_under_flowers_runtime_is_said_in_one_line_by_the_process_watching_the_driver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the driver shares the head's node, and Ray's core worker ends it with that node, from C++, saying nothing
+    # (fedsim.engines.driver_watch): the `fedsim run` the user started says it
+    code, err, took = head_lost_mid_round(tmp_path, monkeypatch, "flower", "fail")
+
+    assert code == 2, err[-3000:]
+    lines = err.splitlines()
+    assert len(lines) == 1, err[-3000:]
+    run_dir = re.escape(str(tmp_path / "run"))
+    assert re.fullmatch(
+        r"fedsim: error: the run's driver \(Flower's runtime on a Ray cluster\) (ended with exit status \d+|was "
+        r"ended by SIG\w+) and said nothing: the Ray cluster's head \(its GCS at [\d.]+:\d+\) did not answer "
+        rf"within {RAY_HEAD_WAIT_S:g} s \(.+\); the last good checkpoint \(round 2\) is in {run_dir}; the metrics "
+        rf"so far are in {run_dir}; fedsim run --resume {run_dir} continues it",
+        lines[0],
+    ), lines[0]
+    assert took < RAY_HEAD_WAIT_S + 35, took
+
+
+def watched_at_first_checkpoint(head: Head, tmp_path: Path, rounds: int) -> tuple[subprocess.Popen[str], int]:
+    """``fedsim run`` under Flower's runtime on ``head``, every round evaluated, a checkpoint every 2, in
+    ``tmp_path/run``, once its first checkpoint is written: the process and its driver's pid."""
     run_dir = tmp_path / "run"
-    assert [m["round"] for m in metrics(run_dir)] == [1, 2]
-    assert Checkpoint.load(run_dir).round == 2 and not (run_dir / "summary.json").exists()
+    sections = {**on_cluster(head.address, "flower"), "train": {"rounds": rounds}, "eval": {"every": 1}}
+    raw = small_config(tmp_path, output={"run_dir": str(run_dir), "checkpoint_every": 2}, **sections)
+    run = fedsim("run", str(write_config(tmp_path, raw)))
+    deadline = time.monotonic() + 600
+    while not (run_dir / "checkpoint.pt").is_file():
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-3000:]
+        time.sleep(0.05)
+    (driver,) = [pid for pid, parent in parents().items() if parent == run.pid]
+    return run, driver
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_driver_killed_under_flowers_runtime_is_said_in_one_line_and_resumes_to_the_uninterrupted_metrics(
+    ray_head: Head, tmp_path: Path
+) -> None:
+    # the driver SIGKILLed from outside (as the OOM killer would) while the head still answers
+    uninterrupted = metrics_of(tmp_path / "inline", "inline", train={"rounds": 8}, eval={"every": 1})
+    run_dir = tmp_path / "run"
+    run, driver = watched_at_first_checkpoint(ray_head, tmp_path, rounds=8)
+    os.kill(driver, signal.SIGKILL)
+    code, err = finished(run)
+
+    assert code == 2, err[-3000:]
+    lines = err.splitlines()
+    assert len(lines) == 1, err[-3000:]
+    last = Checkpoint.load(run_dir).round
+    assert 2 <= last < 8 and not (run_dir / "summary.json").exists()
+    where = re.escape(str(run_dir))
+    assert re.fullmatch(
+        r"fedsim: error: the run's driver \(Flower's runtime on a Ray cluster\) was ended by SIGKILL and said "
+        rf"nothing: the Ray cluster's head \(its GCS at [\d.]+:\d+\) still answers; Ray's log of the driver .+; the "
+        rf"last good checkpoint \(round {last}\) is in {where}; the metrics so far are in {where}; fedsim run "
+        rf"--resume {where} continues it",
+        lines[0],
+    ), lines[0]
+
+    code, err = finished(fedsim("run", "--resume", str(run_dir)))
+    assert code == 0, err[-3000:]
+    assert metrics(run_dir) == uninterrupted
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_sigterm_to_a_watched_run_reaches_its_driver_which_says_where_it_stopped(
+    ray_head: Head, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    run, driver = watched_at_first_checkpoint(ray_head, tmp_path, rounds=50)
+    run.send_signal(signal.SIGTERM)
+    code, err = finished(run)
+
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    assert re.fullmatch(
+        rf"fedsim: interrupted by SIGTERM; the metrics so far are in {re.escape(str(run_dir))}; fedsim run --resume "
+        r".+ continues it from its last checkpoint\n",
+        err,
+    ), err  # the driver's line, once
+    assert not Path(f"/proc/{driver}").exists()
 
 
 @pytest.mark.slow
@@ -235,6 +330,16 @@ def test_unreachable_address_fails_before_training(tmp_path: Path, engine: str) 
     assert time.monotonic() - started < 45  # a refused connection, not a Ray start or connection attempt
     assert not ray.is_initialized()
     assert not list(tmp_path.rglob("metrics.jsonl"))
+
+
+def test_a_watched_drivers_own_error_is_the_one_line_said(tmp_path: Path) -> None:
+    # engine flower on a cluster: `fedsim run` runs the driver as its child (fedsim.engines.driver_watch), which
+    # says its own error; the watcher adds nothing
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    config = write_config(tmp_path, small_config(tmp_path, **on_cluster(address, "flower")))
+    code, err = finished(fedsim("run", str(config)))
+    assert code == 2
+    assert re.fullmatch(rf"fedsim: error: simulation\.ray_address = '{address}': .+\n", err), err
 
 
 class _NoPages(http.server.BaseHTTPRequestHandler):

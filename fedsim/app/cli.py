@@ -37,8 +37,14 @@ def _resuming(args: argparse.Namespace) -> bool:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from fedsim.app import api
+    from fedsim.config_file import load_config
+    from fedsim.engines import driver_watch
+    from fedsim.record.checkpoint import resume_config
 
-    run = api.resume(args.resume) if _resuming(args) else api.run(args.config, args.set)
+    resume = _resuming(args)
+    if driver_watch.wanted(resume_config(args.resume) if resume else load_config(args.config, args.set)):
+        return driver_watch.run_watched(args.argv)  # the same command, as a driver this process speaks for
+    run = api.resume(args.resume) if resume else api.run(args.config, args.set)
     print(run.dir)
     return 0
 
@@ -352,6 +358,7 @@ def _command(argv: list[str] | None) -> int:
     try:
         with sigterm_as_interrupt():  # from the first moment: start-up included, every engine after it
             args = build_parser().parse_args(argv)
+            args.argv = sys.argv[1:] if argv is None else list(argv)
             check_working_directory()  # before torch loads: its libraries fail to, without one
             check_libraries_load()
             if getattr(args, "set", None):  # every command's --set

@@ -21,7 +21,6 @@ from __future__ import annotations
 import fcntl
 import ipaddress
 import os
-import signal
 import socket
 import struct
 import subprocess
@@ -30,7 +29,7 @@ from typing import Any
 
 from fedsim.config import RunConfig
 from fedsim.errors import ChildExit
-from fedsim.processes import die_with
+from fedsim.processes import die_with, run_in_charge
 from fedsim.record.reader import read_summary
 from fedsim.server.console import console
 
@@ -64,28 +63,8 @@ def deploy_inside(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
     checkpoint in its run directory if ``resume``; its summary."""
     given = ["--resume", "-"] if resume else ["-"]  # "-": the config comes on stdin, planned
     cmd = [*UNSHARE, sys.executable, "-m", "fedsim.app.cli", "deploy", *given]
-    parent = os.getpid()
-    env = {**os.environ, ENV: str(parent)}
-
-    def setup() -> None:
-        # this process passes Ctrl-C on, so the one inside must act on it even where this one was
-        # started with SIGINT ignored (a script's background job), which it would otherwise inherit
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        die_with(parent)
-
-    # its own process group: a terminal's Ctrl-C reaches this process alone, which passes it on once
-    child = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, preexec_fn=setup, process_group=0
-    )
-    handlers = {sig: signal.signal(sig, lambda s, _f: child.send_signal(s)) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        assert child.stdin is not None
-        child.stdin.write(cfg.to_json().encode())
-        child.stdin.close()
-        code = child.wait()
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    env = {**os.environ, ENV: str(os.getpid())}
+    code = run_in_charge(cmd, stdin=cfg.to_json().encode(), stdout=subprocess.DEVNULL, env=env)
     if code != 0:
         raise ChildExit(code if code > 0 else 128 - code)
     return read_summary(cfg.output.run_dir or "")

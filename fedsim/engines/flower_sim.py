@@ -32,6 +32,7 @@ from flwr.app import Context, Error, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from fedsim.engines.driver_watch import note_driver
 from fedsim.engines.local import handle
 from fedsim.engines.lost_workers import GONE, ray_cause, worker_died
 from fedsim.engines.ray_cluster import init_ray
@@ -171,6 +172,7 @@ def run_flower_simulation(experiment: Experiment, resume: bool = False) -> dict[
     # this one, SIGTERM stays fedsim's; fedsim.engines.ray_cluster), and Flower's would ship this driver's
     # sys.path to every node of a cluster as PYTHONPATH (paths that exist only on this machine)
     owned = init_ray(cfg.simulation)
+    note_driver(cfg.output.run_dir or "", ray.get_runtime_context().gcs_address)
     before = _live_actors()  # a caller's own actors, in a session of theirs (a notebook's), are not Flower's
     try:
         with warnings.catch_warnings(), signals_deferred(stopped.set), _flower_noise_dropped():
