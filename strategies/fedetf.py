@@ -24,7 +24,7 @@ from fedsim.models import FedsimModel
 from fedsim.strategies.aggregation import PartialAveraging
 from fedsim.strategies.base import STRATEGIES, StrategySpec
 from fedsim.strategies.fedrod import balanced_prior
-from fedsim.strategies.hooks import ClientHooks, RoundInfo
+from fedsim.strategies.hooks import ClientHooks, FineTune, RoundInfo
 from fedsim.strategies.server_half import EVERY_NODE, ServerSetup
 
 ETF_KEY = "classifier.etf"  # the fixed ETF M in the model's state dict
@@ -72,6 +72,28 @@ class FedETFClient(ClientHooks["FedETFSpec.Params"]):
     def reply_arrays(self, model: FedsimModel, state: RecordDict) -> ArrayRecord:
         return dump_arrays(model, skip=frozenset({ETF_KEY}))
 
+    def personalize(self, model: FedsimModel, state: RecordDict, fine_tune: FineTune) -> nn.Module:
+        """The authors' local adaptation (``Client_personalization``): one more round of the balanced softmax from
+        the global model, as training runs it; then ``adapt_alternations`` times, ``adapt_epochs`` epochs of plain
+        cross-entropy on M alone (SGD, no momentum, no weight decay), then as many on the projection P alone (the
+        run's momentum and weight decay). β and the body stay as the first round left them."""
+        p = self.params
+        if not p.adaptation:
+            fine_tune(model)
+            return model
+        t, decay = fine_tune.training, fine_tune.weight_decay
+        self.prior = balanced_prior(t.class_counts, p.gamma).float().to(model.classifier.etf.device)
+        trained = [q for q in model.parameters() if q.requires_grad]  # everything but M
+        steps, epochs = t.local_steps, t.local_epochs
+        fine_tune.train(model, trained, self, t.lr, momentum=t.momentum, weight_decay=decay, steps=steps, epochs=epochs)
+        plain, head, epochs = ClientHooks(p), model.classifier, p.adapt_epochs
+        for _ in range(p.adapt_alternations):
+            fine_tune.train(model, [head.etf], plain, p.adapt_etf_lr, epochs=epochs)
+            projection = list(head.projection.parameters())
+            lr = p.adapt_projection_lr
+            fine_tune.train(model, projection, plain, lr, momentum=t.momentum, weight_decay=decay, epochs=epochs)
+        return model
+
 
 @STRATEGIES.register("fedetf")
 class FedETFSpec(StrategySpec):
@@ -88,6 +110,19 @@ class FedETFSpec(StrategySpec):
         )
         scale: float = Field(1.0, gt=0, description="the temperature β's initial value (authors: 1, 10 for their CNN)")
         gamma: float = Field(1.0, ge=0, description="exponent γ on the class counts in the balanced softmax")
+        adaptation: bool = Field(
+            True,
+            description="personalised evaluation (eval.personal) runs the authors' local adaptation, whose work is "
+            "the adapt_* options; false: the generic fine-tuning, M fixed",
+        )
+        adapt_alternations: int = Field(
+            20, ge=0, le=10**4, description="the local adaptation's alternations of M's and P's fine-tuning"
+        )
+        adapt_epochs: int = Field(3, ge=1, le=10**4, description="epochs of M's, then of P's, in each alternation")
+        adapt_etf_lr: float = Field(0.1, gt=0, description="M's fine-tuning learning rate (SGD, no momentum)")
+        adapt_projection_lr: float = Field(
+            0.05, gt=0, description="P's fine-tuning learning rate (SGD, train.momentum and train.weight_decay)"
+        )
 
     def adapt_model(self, model: FedsimModel, seed: int) -> FedsimModel:
         classes = model.num_classes

@@ -7,9 +7,9 @@ FedAvg; its options arrive typed, as the strategy's validated ``Params`` (``Clie
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 from flwr.app import ArrayRecord, RecordDict
@@ -20,10 +20,6 @@ from fedsim.arrays import dump_arrays, load_arrays
 from fedsim.models import FedsimModel
 
 P = TypeVar("P", bound=BaseModel)
-
-# The generic fine-tuning of personalised evaluation, run on the model it is given (fedsim.client.personal)
-FineTune = Callable[[FedsimModel], None]
-
 
 @dataclass(frozen=True)
 class RoundInfo:
@@ -36,6 +32,25 @@ class RoundInfo:
     lr: float
     momentum: float  # the local SGD's (FedNova's normalisation counts it)
     class_counts: torch.Tensor  # this client's training samples per class (FedLC, FedRS)
+
+
+class FineTune(Protocol):
+    """What :meth:`ClientHooks.personalize` is given for its client (:class:`fedsim.client.personal.Personalisation`):
+    calling it runs the generic fine-tuning on a model; :meth:`train` runs a fine-tuning of the strategy's own
+    through the one training loop, on the same client's personalisation batches, which continue from one call to
+    the next."""
+
+    training: RoundInfo  # the client's round as its training would run it: the run's local work, lr, momentum
+    weight_decay: float  # the run's train.weight_decay
+
+    def __call__(self, model: FedsimModel) -> None: ...
+
+    def train(
+        self, model: FedsimModel, params: Sequence[nn.Parameter], hooks: ClientHooks, lr: float, **work: Any
+    ) -> None:
+        """SGD of ``hooks``' loss on ``model`` changing ``params`` alone (any of ``model``'s, frozen ones included) at
+        ``lr``; ``work``: ``steps`` or ``epochs`` (one of them), ``momentum`` and ``weight_decay`` (0 unless given)."""
+        ...
 
 
 def frozen_copy(model: FedsimModel) -> FedsimModel:

@@ -35,8 +35,13 @@ ROWS: dict[str, dict[str, Any]] = {
     "fedbabu": {"strategy": {"name": "fedbabu"}, "train": {"momentum": 0.9, "weight_decay": 5e-4}},
     # adjust_logits from the client's label counts; a personal head of its hooks' own, stepped in the loop, in state
     "fedrod": {"strategy": {"name": "fedrod"}, "eval": {"personal": {"steps": 0}}},
-    # adapt_model swaps the classifier for the fixed ETF (a frozen parameter); reply_arrays leaves it out
-    "fedetf": {"strategy": {"name": "fedetf", "etf_dim": 12}, "train": {"momentum": 0.9, "weight_decay": 5e-4}},
+    # adapt_model swaps the classifier for the fixed ETF (a frozen parameter); reply_arrays leaves it out; its
+    # personalisation fine-tunes M and P in turn (a shortened local adaptation)
+    "fedetf": {
+        "strategy": {"name": "fedetf", "etf_dim": 12, "adapt_alternations": 2, "adapt_epochs": 1},
+        "train": {"momentum": 0.9, "weight_decay": 5e-4},
+        "eval": {"personal": {"steps": 0}},
+    },
 }
 
 

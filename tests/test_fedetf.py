@@ -19,6 +19,7 @@ from flwr.app import Message, RecordDict
 
 from fedsim.app.cli import main
 from fedsim.arrays import to_array_record
+from fedsim.client.personal import Personaliser
 from fedsim.config_file import parse_config
 from fedsim.data.batches import BatchStream
 from fedsim.engines.local import LocalGrid
@@ -128,6 +129,66 @@ def test_two_rounds_match_the_equations_with_the_etf_fixed() -> None:
         weights = {k: torch.from_numpy(v).float() for k, v in got.items()}
 
 
+ALTERNATIONS, EPOCHS, ETF_LR, PROJECTION_LR = 2, 2, 0.1, 0.05
+
+
+def reference_adaptation(net: FedsimModel, weights: dict[str, torch.Tensor], pid: int, batches: BatchStream):  # type: ignore[no-untyped-def]
+    """The authors' ``Client_personalization`` for FedETF: one more round of the balanced softmax from the global
+    model (``Client_update``), then ALTERNATIONS times EPOCHS epochs of plain CE on the ETF alone
+    (``SGD([proto], lr=0.1)``), then EPOCHS epochs on the projection alone (``SGD(lr=0.05, momentum, weight_decay)``);
+    the model in train mode throughout. Its state dict, M the adapted one."""
+    w = copy.deepcopy(net)
+    w.load_state_dict(weights)
+    w.train()
+    etf = weights[ETF_KEY].clone()
+    body = [p for k, p in w.named_parameters() if k != ETF_KEY]
+    sgd = torch.optim.SGD(body, lr=LR, momentum=MOMENTUM, weight_decay=WD)
+    n = counts(pid).float()
+    log_prior = torch.where(n > 0, n.clamp(min=1).log(), -torch.inf)
+    for x, y in batches.batches(STEPS):
+        sgd.zero_grad()
+        F.cross_entropy(reference_logits(w, etf, x) + log_prior, y).backward()
+        sgd.step()
+    etf.requires_grad_(True)
+    projection = [w.classifier.projection.weight, w.classifier.projection.bias]
+    for _ in range(ALTERNATIONS):
+        for params, opt in (
+            ([etf], torch.optim.SGD([etf], lr=ETF_LR)),
+            (projection, torch.optim.SGD(projection, lr=PROJECTION_LR, momentum=MOMENTUM, weight_decay=WD)),
+        ):
+            for x, y in batches.epochs(EPOCHS):
+                for p in [*w.parameters(), etf]:
+                    p.grad = None
+                F.cross_entropy(reference_logits(w, etf, x), y).backward()
+                opt.step()
+            assert all(p.grad is not None for p in params)
+    state = {k: v.detach().clone() for k, v in w.state_dict().items()}
+    state[ETF_KEY] = etf.detach().clone()
+    return state
+
+
+def test_the_local_adaptation_is_the_authors_one_client_after_another_on_one_model(tmp_path: Path) -> None:
+    net = model()
+    weights = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    options = {"adapt_alternations": ALTERNATIONS, "adapt_epochs": EPOCHS}
+    hooks = spec("fedetf", etf_dim=DIM, scale=2.0, **options).client()
+    train = {"lr": LR, "momentum": MOMENTUM, "weight_decay": WD, "local_steps": STEPS}
+    tuner = Personaliser(net, parse_config(small_config(tmp_path, train=train, eval={"personal": {"steps": 0}})))
+    for pid in (0, 1):  # a worker's one copy, personalised for one client, then reloaded for the next
+        training = RoundInfo(5, pid, STEPS, None, LR, MOMENTUM, counts(pid))
+        hooks.load_global(tuner.model, to_array_record(weights), RecordDict())
+        adapted = hooks.personalize(tuner.model, RecordDict(), tuner.fine_tune(stream(pid, 5), training, seed=0))
+        ref = reference_adaptation(net, weights, pid, stream(pid, 5))
+        got = adapted.state_dict()
+        assert got.keys() == ref.keys()
+        for k in ref:
+            # float32 SGD on the same batches in another order of operations, over 27 steps: a few ulps a step
+            torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=1e-5, msg=k)
+        assert (got[ETF_KEY] - weights[ETF_KEY]).abs().max() > 1e-3  # M adapted, on this copy only
+        assert not adapted.classifier.etf.requires_grad  # frozen again for the next client's training
+    assert torch.equal(net.classifier.etf, weights[ETF_KEY])
+
+
 @pytest.mark.parametrize(("dim", "classes"), [(4, 4), (10, 4), (64, 10)])
 def test_the_etf_is_a_simplex_etf_drawn_from_the_seed(dim: int, classes: int) -> None:
     m = simplex_etf(dim, classes, SEED)
@@ -163,6 +224,19 @@ def test_a_run_learns_and_keeps_the_initial_etf(tmp_path: Path, one_thread: None
     assert torch.equal(final[ETF_KEY], initial[ETF_KEY])
     assert not torch.equal(final["classifier.scale"], initial["classifier.scale"])
     assert metrics(Path(summary["run_dir"]))[-1]["client_mean_acc"] > 0.3  # 10 classes
+
+
+@pytest.mark.parametrize("adaptation", [True, False])
+def test_personalised_accuracy_is_the_local_adaptations(tmp_path: Path, one_thread: None, adaptation: bool) -> None:
+    sections = strategy_rows.sections("fedetf")  # eval.personal.steps: 0, a shortened local adaptation
+    sections["strategy"]["adaptation"] = adaptation
+    summary = run(parse_config(small_config(tmp_path, **sections)))
+    scores = [(m["client_mean_acc"], m["personal_acc"]) for m in metrics(Path(summary["run_dir"]))]
+    assert len(scores) == 2
+    if adaptation:  # each client's M and P fitted to its own classes: far above the global model on skewed clients
+        assert all(personal > global_ + 0.1 for global_, personal in scores), scores
+    else:  # the generic fine-tuning of 0 steps: the global model
+        assert all(personal == global_ for global_, personal in scores), scores
 
 
 @pytest.mark.slow

@@ -194,7 +194,7 @@ class ClientRuntime:
         tuner, pid = self._personaliser, wire.node_partition(context)
         server_round = int(msg.content.config_records[wire.CONFIG][wire.SERVER_ROUND])
         data, t = self.data(pid), self.cfg.train
-        info = RoundInfo(server_round, pid, tuner.steps, None, tuner.lr, t.momentum, data.class_counts)
+        info = RoundInfo(server_round, pid, t.local_steps, t.local_epochs, t.lr, t.momentum, data.class_counts)
         seed = personal_seed(self.cfg.seed, server_round, pid)
         self.hooks.load_global(tuner.model, msg.content.array_records[wire.ARRAYS], context.state)
         return self.hooks.personalize(tuner.model, context.state, tuner.fine_tune(self.stream(pid, seed), info, seed))
