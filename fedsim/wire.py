@@ -48,6 +48,7 @@ EVALUATE = "evaluate"
 QUERY_PARTITION = "query.partition"  # asks a node which partition and which data it holds
 SAVE_STATE = "query.save_state"  # a checkpoint: write your Context.state of round STATE_ROUND
 LOAD_STATE = "query.load_state"  # a resumed run: load your newest state of a round <= STATE_ROUND
+FEATURE_STATS = "query.feature_stats"  # per-class statistics of your training features under this model
 
 # ConfigRecord entries of SAVE_STATE / LOAD_STATE (fedsim.server.checkpoint, fedsim.client.state)
 STATE_ROUND = "state-round"
@@ -55,6 +56,13 @@ STATE_KEEP = "state-keep"  # the last committed checkpoint's round: its state fi
 STATE_DIR = "state-dir"  # the server's default directory; a node_config entry of this name overrides it
 RUN_KEY = "run-key"  # one run's subdirectory of the state directory: "<run dir name>-<random>"
 STATE_SHA256 = "state-sha256"  # a node's answer: the SHA-256 of the state file it wrote or read ("" if none)
+
+# FEATURE_STATS's reply: an ArrayRecord of the per-class statistics of the classifier's input over the client's
+# training samples, in float64 (the features themselves never leave the client)
+FEATURES = "feature-stats"
+CLASS_COUNTS = "counts"  # (K,) samples per class
+CLASS_MEANS = "means"  # (K, d) each class's mean feature (0 for a class the client lacks)
+CLASS_COVARIANCES = "covariances"  # (K, d, d) each class's unbiased covariance (0 for fewer than 2 samples)
 
 # Records of the core's own beside the model (a strategy's records: its StrategySpec.protocol)
 PACKED = "fedsim.packed"  # ConfigRecord, between processes only: packed ArrayRecords' layout (fedsim.deploy.packing)
@@ -78,6 +86,24 @@ class Key:
     meaning: str
 
 
+def delivery_row(message: str) -> Key:
+    """The row of the delivery record every message of ``message``'s type carries to a node."""
+    return Key(
+        message, "server → client", DELIVERY, ACCEPTED_ROUND, "int",
+        "the last round whose training reply from this node the server aggregated (0: none)",
+    )  # fmt: skip
+
+
+def model_rows(message: str, model: str) -> tuple[Key, ...]:
+    """The rows of a message that carries a model to a node (``model``: which one), its round and the run config."""
+    return (
+        Key(message, "server → client", ARRAYS, "*", "ArrayRecord", model),
+        Key(message, "server → client", CONFIG, SERVER_ROUND, "int", "the round"),
+        Key(message, "server → client", CONFIG, RUN_CONFIG, "str", "the run's config as JSON"),
+        delivery_row(message),
+    )
+
+
 PROTOCOL: tuple[Key, ...] = (
     Key("node config", "node", "node_config", PARTITION_ID, "int", "the partition this node holds (required)"),
     Key("node config", "node", "node_config", NUM_PARTITIONS, "int", "how many partitions the federation has"),
@@ -87,24 +113,12 @@ PROTOCOL: tuple[Key, ...] = (
     Key(QUERY_PARTITION, "server → client", CONFIG, RUN_CONFIG, "str", "the run's config as JSON"),
     Key(QUERY_PARTITION, "client → server", METRICS, PARTITION_ID, "int", "the node's partition id"),
     Key(QUERY_PARTITION, "client → server", CONFIG, DATA_SHA256, "str", "SHA-256 of the data the node read (hex)"),
-    Key(TRAIN, "server → client", ARRAYS, "*", "ArrayRecord", "the global model's state dict"),
-    Key(TRAIN, "server → client", CONFIG, SERVER_ROUND, "int", "the round"),
-    Key(TRAIN, "server → client", CONFIG, RUN_CONFIG, "str", "the run's config as JSON"),
-    Key(
-        TRAIN, "server → client", DELIVERY, ACCEPTED_ROUND, "int",
-        "the last round whose training reply from this node the server aggregated (0: none)",
-    ),  # fmt: skip
+    *model_rows(TRAIN, "the global model's state dict"),
     Key(TRAIN, "client → server", ARRAYS, "*", "ArrayRecord", "the model after local training (FedBN: no norms)"),
     Key(TRAIN, "client → server", METRICS, NUM_EXAMPLES, "int", "samples trained on (the averaging weight)"),
     Key(TRAIN, "client → server", METRICS, TRAIN_LOSS, "float", "mean training loss over the local steps"),
     Key(TRAIN, "client → server", METRICS, PARTITION_ID, "int", "who answered"),
-    Key(EVALUATE, "server → client", ARRAYS, "*", "ArrayRecord", "the global model's state dict"),
-    Key(EVALUATE, "server → client", CONFIG, SERVER_ROUND, "int", "the round"),
-    Key(EVALUATE, "server → client", CONFIG, RUN_CONFIG, "str", "the run's config as JSON"),
-    Key(
-        EVALUATE, "server → client", DELIVERY, ACCEPTED_ROUND, "int",
-        "the last round whose training reply from this node the server aggregated (0: none)",
-    ),  # fmt: skip
+    *model_rows(EVALUATE, "the global model's state dict"),
     Key(EVALUATE, "client → server", METRICS, NUM_EXAMPLES, "int", "the client's test samples"),
     Key(EVALUATE, "client → server", METRICS, CORRECT, "int", "test samples classified correctly"),
     Key(EVALUATE, "client → server", METRICS, EVAL_LOSS, "float", "summed test loss"),
@@ -117,10 +131,7 @@ PROTOCOL: tuple[Key, ...] = (
     Key(SAVE_STATE, "server → client", CONFIG, STATE_KEEP, "int", "the last committed checkpoint's round"),
     Key(SAVE_STATE, "server → client", CONFIG, STATE_DIR, "str", "the default state directory"),
     Key(SAVE_STATE, "server → client", CONFIG, RUN_KEY, "str", "this run's subdirectory"),
-    Key(
-        SAVE_STATE, "server → client", DELIVERY, ACCEPTED_ROUND, "int",
-        "the last round whose training reply from this node the server aggregated (0: none)",
-    ),  # fmt: skip
+    delivery_row(SAVE_STATE),
     Key(SAVE_STATE, "client → server", METRICS, PARTITION_ID, "int", "who saved"),
     Key(SAVE_STATE, "client → server", CONFIG, STATE_SHA256, "str", 'SHA-256 of the file written (hex; "": no state)'),
     Key(LOAD_STATE, "server → client", CONFIG, STATE_ROUND, "int", "load the newest state of round <= this (0: none)"),
@@ -130,6 +141,14 @@ PROTOCOL: tuple[Key, ...] = (
     Key(LOAD_STATE, "client → server", CONFIG, STATE_ROUND, "int", "the round of the file read (0: none)"),
     Key(LOAD_STATE, "client → server", CONFIG, STATE_SHA256, "str", 'SHA-256 of the file read (hex; "": none)'),
     Key(LOAD_STATE, "client → server", CONFIG, STATE_DIR, "str", "the directory it read from (for messages)"),
+    *model_rows(FEATURE_STATS, "the model whose features are asked"),
+    Key(FEATURE_STATS, "client → server", FEATURES, CLASS_COUNTS, "int64 (K,)", "training samples per class"),
+    Key(FEATURE_STATS, "client → server", FEATURES, CLASS_MEANS, "float64 (K, d)", "each class's mean feature"),
+    Key(
+        FEATURE_STATS, "client → server", FEATURES, CLASS_COVARIANCES, "float64 (K, d, d)",
+        "each class's unbiased feature covariance (0 below 2 samples)",
+    ),  # fmt: skip
+    Key(FEATURE_STATS, "client → server", METRICS, PARTITION_ID, "int", "who answered"),
     Key(CLIENT_STATE, "client", PENDING, SERVER_ROUND, "int", "on_client_failure: skip: the round of the held changes"),
     Key(
         CLIENT_STATE, "client", PENDING_RECORD, "<record name>", "any record",

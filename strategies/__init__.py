@@ -17,6 +17,7 @@ is wrapped as a spec with FedAvg's client half. Each algorithm's exact update: d
 from __future__ import annotations
 
 from fedsim.strategies import (  # noqa: F401 (the built-ins register themselves on import)
+    ccvr,
     fedavg,
     fedbabu,
     fedbn,

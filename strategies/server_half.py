@@ -11,7 +11,8 @@ Strategies whose state crosses rounds (SCAFFOLD's c, Yogi's m and v, FedAvgM's m
 :class:`Checkpointable`, so a checkpoint restores them; a strategy without it is checkpointed as
 stateless.
 A strategy whose iterates are not the model to score (an average of its last iterates, say) implements
-:class:`ScoredModel`.
+:class:`ScoredModel`; one that scores its model calibrated on the clients' feature statistics,
+:class:`FeatureCalibrated`.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class ServerSetup:
     # Names of the model's trainable parameters (``named_parameters()``); the rest of the state
     # dict are buffers, which SCAFFOLD and FedYogi average plainly.
     parameter_keys: frozenset[str]
+    seed: int = 0  # the run's seed (CCVR draws its virtual features from it)
 
 
 @runtime_checkable
@@ -61,6 +63,17 @@ class ScoredModel(Protocol):
 
     def scored_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
         """The model to score, given the global model ``arrays`` that the last ``aggregate_train`` returned."""
+
+
+@runtime_checkable
+class FeatureCalibrated(Protocol):
+    """A strategy that scores its model calibrated on the clients' feature statistics (CCVR). At each evaluation
+    fedsim's round loop asks every client for the per-class statistics of its training features under the model
+    to score (``query.feature_stats``, :mod:`fedsim.wire`) and scores ``calibrated_arrays(round, x, stats)``; the
+    next round and every checkpoint go on from the global model x."""
+
+    def calibrated_arrays(self, server_round: int, arrays: ArrayRecord, stats: list[ArrayRecord]) -> ArrayRecord:
+        """The model to score: ``arrays`` calibrated on ``stats``, the clients' ``feature-stats`` records."""
 
 
 def state_record(slots: dict[str, dict[str, np.ndarray] | None]) -> ArrayRecord:

@@ -10,7 +10,7 @@ from typing import Any
 from fedsim import wire
 from fedsim.strategies import STRATEGIES, ServerSetup
 from fedsim.strategies.aggregation import PartialAveraging
-from fedsim.strategies.server_half import Checkpointable
+from fedsim.strategies.server_half import Checkpointable, FeatureCalibrated
 
 ROWS: dict[str, dict[str, Any]] = {
     "fedavg": {},
@@ -35,6 +35,8 @@ ROWS: dict[str, dict[str, Any]] = {
     "fedbabu": {"strategy": {"name": "fedbabu"}, "train": {"momentum": 0.9, "weight_decay": 5e-4}},
     # adjust_logits from the client's label counts; a personal head of its hooks' own, stepped in the loop, in state
     "fedrod": {"strategy": {"name": "fedrod"}, "eval": {"personal": {"steps": 0}}},
+    # its own message kind at each evaluation (query.feature_stats); the scored model is calibrated on the server
+    "ccvr": {"strategy": {"name": "ccvr", "virtual_per_class": 50}},
     # adapt_model swaps the classifier for the fixed ETF (a frozen parameter); reply_arrays leaves it out; its
     # personalisation fine-tunes M and P in turn (a shortened local adaptation)
     "fedetf": {
@@ -58,9 +60,11 @@ def keeps_client_state(name: str) -> bool:
 
 def has_own_messages(name: str) -> bool:
     """Whether the strategy's Messages or its clients' state differ from FedAvg's: records of its own (its protocol
-    rows), or replies that hold part of the model (its server averages what the clients send): what a transport or
-    a runtime's node state could lose or mismatch."""
-    return bool(STRATEGIES.get(name).protocol) or isinstance(server_of(name), PartialAveraging)
+    rows), replies that hold part of the model (its server averages what the clients send), or message kinds of
+    the core's that only it asks (CCVR's feature statistics): what a transport or a runtime's node state could lose
+    or mismatch."""
+    server = server_of(name)
+    return bool(STRATEGIES.get(name).protocol) or isinstance(server, PartialAveraging | FeatureCalibrated)
 
 
 def keeps_server_state(name: str) -> bool:

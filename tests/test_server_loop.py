@@ -226,7 +226,7 @@ def test_evaluation_scores_every_client_on_its_own_test_split(make_loop: Callabl
 
 def test_the_loop_reports_every_round_and_evaluates_on_the_cadence(make_loop: Callable[..., Setup]) -> None:
     s = make_loop(train={"rounds": 5}, eval={"every": 2})
-    final = s.loop.run(s.arrays, 1)
+    final, scored = s.loop.run(s.arrays, 1)
     told = s.reporter.told
     assert [t.server_round for t in told] == [1, 2, 3, 4, 5]
     assert [t.scores is not None for t in told] == [False, True, False, True, True]  # every 2, and the last
@@ -239,6 +239,7 @@ def test_the_loop_reports_every_round_and_evaluates_on_the_cadence(make_loop: Ca
     assert [m["train_loss"] for m in lines] == [told[1].loss, told[3].loss, told[4].loss]
     assert [len(m["client_acc"]) for m in lines] == [4, 4, 4]
     assert_arrays_close(numpy_of(final), told[-1].arrays)
+    assert scored is final  # FedAvg scores the model it trains
     for before, after in zip(told, told[1:], strict=False):  # each round starts from the last one's model
         assert not np.array_equal(before.arrays["classifier.weight"], after.arrays["classifier.weight"])
 

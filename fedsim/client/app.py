@@ -47,6 +47,12 @@ def query_partition(msg: Message, context: Context) -> Message:
     return reply
 
 
+@app.query("feature_stats")
+def feature_stats(msg: Message, context: Context) -> Message:
+    """The per-class statistics of this client's training features under the model sent (CCVR)."""
+    return runtime_for(msg).feature_stats(msg, context)
+
+
 @app.query("save_state")
 def save_state(msg: Message, context: Context) -> Message:
     """A checkpoint: write this node's Context.state to its state directory (fedsim.client.state) and say

@@ -21,6 +21,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from torch import nn
 
 from fedsim import wire
+from fedsim.arrays import to_array_record
 from fedsim.client.pending import hold, replace_state, settle, stage
 from fedsim.client.personal import Personaliser, personal_seed
 from fedsim.client.sgd import LocalSgd
@@ -31,7 +32,7 @@ from fedsim.experiment.federation import AnyFederation
 from fedsim.experiment.resolve import Experiment, resolve
 from fedsim.layout import torch_threads
 from fedsim.models import FedsimModel
-from fedsim.models.evaluation import evaluate
+from fedsim.models.evaluation import class_feature_stats, evaluate
 from fedsim.norms import seed_norm_noise
 from fedsim.strategies.hooks import ClientHooks, RoundInfo
 
@@ -178,6 +179,21 @@ class ClientRuntime:
         if self.cfg.eval.personal.steps is not None:
             metrics[wire.PERSONAL_CORRECT] = self.score(self.personalised(msg, context), data)[1]
         return Message(RecordDict({wire.METRICS: metrics}), reply_to=msg)
+
+    def feature_stats(self, msg: Message, context: Context) -> Message:
+        """The per-class count, mean and covariance of the features of the client's training samples under the
+        model the message carries, as its hooks load it for evaluation (CCVR's calibration; the features never
+        leave the client)."""
+        pid = wire.node_partition(context)
+        data = self.data(pid)
+        settle(context.state, msg)
+        self.hooks.load_for_eval(self.model, msg.content.array_records[wire.ARRAYS], context.state)
+        counts, means, covariances = class_feature_stats(
+            self.model, data.x_train, data.y_train, self.fed.num_classes, self.to_inputs
+        )
+        stats = {wire.CLASS_COUNTS: counts, wire.CLASS_MEANS: means, wire.CLASS_COVARIANCES: covariances}
+        reply = {wire.FEATURES: to_array_record(stats), wire.METRICS: MetricRecord({wire.PARTITION_ID: pid})}
+        return Message(RecordDict(reply), reply_to=msg)
 
     def score(self, model: nn.Module, data: ClientData) -> tuple[float, int]:
         """``model``'s summed loss and correct count on the client's test split."""

@@ -102,6 +102,7 @@ PHASES = {
     wire.QUERY_PARTITION: "asking the clients for their partitions",
     wire.SAVE_STATE: "saving the clients' states",
     wire.LOAD_STATE: "loading the clients' states",
+    wire.FEATURE_STATS: "feature statistics",
 }
 
 

@@ -94,7 +94,8 @@ def check_halves(experiment: Experiment) -> FedsimModel:
     fit the model, a Flower strategy that would wait for nodes that never come): errors before the run."""
     with torch.random.fork_rng(devices=[]):  # the run's initial model comes from its own seeded draw
         model = experiment.build_model()
-    setup = ServerSetup(experiment.config.train.num_clients, frozenset(n for n, _ in model.named_parameters()))
+    cfg = experiment.config
+    setup = ServerSetup(cfg.train.num_clients, frozenset(n for n, _ in model.named_parameters()), cfg.seed)
     check_strategy(build_server(experiment, setup), experiment.config.train.num_clients)
     return model
 

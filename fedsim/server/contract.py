@@ -25,7 +25,7 @@ from flwr.serverapp.strategy import Strategy
 from fedsim.deadline import call_within
 from fedsim.errors import DEBUG_ENV, ConfigError, FedsimError, TrainingError
 from fedsim.plugin_guard import plugin_code
-from fedsim.strategies.server_half import Checkpointable, ScoredModel
+from fedsim.strategies.server_half import Checkpointable, FeatureCalibrated, ScoredModel
 
 T = TypeVar("T")
 Shapes = dict[str, tuple[tuple[int, ...], np.dtype]]  # tensor name -> (shape, dtype)
@@ -116,6 +116,20 @@ class CheckedStrategy:
         scored = self._call("scored_arrays", lambda: strategy.scored_arrays(arrays))
         if problem := model_mismatch(self.model, scored):
             raise self._broke("scored_arrays", f"{problem}; it must return every tensor of the model")
+        return scored
+
+    @property
+    def calibrates(self) -> bool:
+        """Whether the strategy scores its model calibrated on the clients' feature statistics."""
+        return isinstance(self.strategy, FeatureCalibrated)
+
+    def calibrated_arrays(self, server_round: int, arrays: ArrayRecord, stats: list[ArrayRecord]) -> ArrayRecord:
+        """A :class:`FeatureCalibrated` strategy's model to score, checked to be a whole model."""
+        strategy = self.strategy
+        assert isinstance(strategy, FeatureCalibrated)
+        scored = self._call("calibrated_arrays", lambda: strategy.calibrated_arrays(server_round, arrays, stats))
+        if problem := model_mismatch(self.model, scored):
+            raise self._broke("calibrated_arrays", f"{problem}; it must return every tensor of the model")
         return scored
 
     def server_state(self) -> ArrayRecord:

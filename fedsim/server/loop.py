@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedsim import wire
@@ -70,21 +70,26 @@ class RoundLoop:
         self.cadence = EvalCadence(cfg.eval.every, t.rounds)
         self.config_json = cfg.to_json()
 
-    def run(self, arrays: ArrayRecord, first: int) -> ArrayRecord:
-        """The global model after the last round."""
+    def run(self, arrays: ArrayRecord, first: int) -> tuple[ArrayRecord, ArrayRecord]:
+        """The global model after the last round, and the model its evaluation scored (the last round is always
+        evaluated)."""
+        scored = arrays
         for server_round in range(first, self.cfg.train.rounds + 1):
             arrays, loss = self.train(server_round, arrays)
             self.reporter.trained()
             scored, scores = arrays, None
             if self.cadence.is_eval_round(server_round):
                 scored = self.strategy.scored_arrays(arrays)
+                if self.strategy.calibrates:
+                    stats = self.feature_stats(server_round, scored)
+                    scored = self.strategy.calibrated_arrays(server_round, scored, stats)
                 scores = self.evaluate(server_round, scored)
             self.reporter.round_done(server_round, scored, loss, scores)
             if self.checkpoints.due(server_round):
                 state = self.strategy.server_state()
                 failures = self.reporter.pending_failures
                 self.checkpoints.save(server_round, arrays, state, self.reporter.elapsed_s(), failures)
-        return arrays
+        return arrays, scored
 
     def train(self, server_round: int, arrays: ArrayRecord) -> tuple[ArrayRecord, float | None]:
         """One round of training: the new global model and the aggregated training loss."""
@@ -120,6 +125,20 @@ class RoundLoop:
             )
             for m in replies
         }
+
+    def feature_stats(self, server_round: int, arrays: ArrayRecord) -> list[ArrayRecord]:
+        """Every client's per-class statistics of its training features under ``arrays`` (``query.feature_stats``),
+        sorted by partition; under ``on_client_failure: skip``, of the clients that answered."""
+        everyone = list(range(self.cfg.train.num_clients))
+        live = self._connected()
+        config = ConfigRecord({wire.SERVER_ROUND: server_round, wire.RUN_CONFIG: self.config_json})
+        messages = [  # a RecordDict each: the delivery record stamped into it is the node's own
+            Message(RecordDict({wire.ARRAYS: arrays, wire.CONFIG: config}), node, wire.FEATURE_STATS)
+            for p in everyone
+            if (node := self.node_of_partition[p]) in live
+        ]
+        replies = self._exchange(messages, everyone, server_round, "feature statistics")
+        return [m.content.array_records[wire.FEATURES] for m in replies]
 
     def _offer(self, partitions: list[int]) -> OfferedGrid:
         """The grid as the strategy sees it: the nodes of ``partitions`` still connected (a strategy configures every
@@ -169,8 +188,8 @@ class RoundLoop:
                     f"round {server_round}, {what}: {why} (train.on_client_failure: skip goes on without them)"
                 )
             self.reporter.left_out(server_round, sorted(missing))
-            if not good and what == "training":  # every client failed: nothing learned, nothing to aggregate
-                raise TrainingError(f"round {server_round}, training: no client sent a usable reply ({why})")
+            if not good and what != "evaluation":  # every client failed: nothing to aggregate or calibrate on
+                raise TrainingError(f"round {server_round}, {what}: no client sent a usable reply ({why})")
         return good
 
 
@@ -221,7 +240,7 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
 
     node_of_partition = discover_partitions(grid, cfg, data_sha256)
     model = experiment.initial_model()
-    setup = ServerSetup(cfg.train.num_clients, frozenset(name for name, _ in model.named_parameters()))
+    setup = ServerSetup(cfg.train.num_clients, frozenset(name for name, _ in model.named_parameters()), cfg.seed)
     server = build_server(experiment, setup)
     check_strategy(server, cfg.train.num_clients)
     reporter = RoundReporter(experiment, out, show)
@@ -240,7 +259,7 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
     loop = RoundLoop(cfg, grid, strategy, node_of_partition, reporter, checkpoints)
     try:
         with _flower_logs_quiet():
-            arrays = loop.run(arrays, done + 1)
+            arrays, scored = loop.run(arrays, done + 1)
     except (TrainingError, PluginExit) as err:  # diverged, clients failed, a hook overran or exited: what is kept
         raise type(err)(f"{err}; {checkpoints.describe()}") from err  # one line, as every error is
     finally:
@@ -249,7 +268,7 @@ def _run_rounds(grid: Grid, experiment: Experiment, out: RunDir, resume: bool, s
     reporter.say_left_out()
     summary[DATA_FINGERPRINT] = data_sha256
     if cfg.output.save_model:
-        out.save_model(strategy.scored_arrays(arrays).to_torch_state_dict())  # the model the metrics scored
+        out.save_model(scored.to_torch_state_dict())  # the model the metrics scored
     checkpoints.finish()
     summary = out.write_summary(summary)  # last: a finished summary means a finished run directory
     if show:
