@@ -210,6 +210,10 @@ class PersonalEvalConfig(_Strict):
         "rest of the model as received, its norms' statistics included (classifier)",
     )
     lr: float | None = Field(None, gt=0, description="the fine-tuning's learning rate; null: train.lr")
+    every: int | None = Field(
+        None, ge=1, description="personalise at every k-th round (a multiple of eval.every) and after the last, the "
+        "other evaluations scoring the global model alone; null: at every evaluation",
+    )
 
 
 class EvalConfig(_Strict):
@@ -223,6 +227,16 @@ class EvalConfig(_Strict):
         "run's seed and the round (metrics.jsonl lists them as eval_clients); null: every client",
     )
     personal: PersonalEvalConfig = Field(default_factory=PersonalEvalConfig)
+
+    @model_validator(mode="after")
+    def _personal_on_evaluations(self) -> EvalConfig:
+        # a personalised round that is not an evaluation round would never be scored
+        if (personal := self.personal.every) is not None and personal % self.every:
+            raise ValueError(
+                f"eval.personal.every = {personal} must be a multiple of eval.every ({self.every}): personalised "
+                "accuracy is scored at evaluations"
+            )
+        return self
 
 
 class ClientResources(_Strict):

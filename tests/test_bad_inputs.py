@@ -130,6 +130,11 @@ CASES: dict[str, Case] = {
         "eval.personal.params=body", expect=("eval.personal.params", "'all' or 'classifier'", "body")
     ),
     "eval-personal-lr-zero": run("eval.personal.lr=0", expect=("eval.personal.lr", "greater than 0")),
+    "eval-personal-every-off-the-evaluations": run(
+        "eval.every=2", "eval.personal.steps=3", "eval.personal.every=3",
+        expect=("eval.personal.every = 3 must be a multiple of eval.every (2)",),
+    ),
+    "eval-personal-every-zero": run("eval.personal.every=0", expect=("eval.personal.every", "greater than or equal to 1")),
     "eval-personal-key-unknown": run("eval.personal.epochs=1", expect=("eval.personal.epochs", "unknown key")),
     # --- simulation
     "backend-unknown": run("simulation.backend=gpu", expect=("simulation.backend", "'auto', 'inline' or 'ray'")),

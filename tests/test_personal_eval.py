@@ -109,6 +109,21 @@ def test_personal_evaluation_leaves_every_other_number_as_it_was(tmp_path: Path,
     assert on_summary["final_client_mean_acc"] == off_summary["final_client_mean_acc"]
 
 
+def test_personal_evaluation_every_k_rounds_scores_those_rounds_and_the_last(tmp_path: Path, one_thread: None) -> None:
+    train = {"rounds": 5}
+    _, every = run_lines(tmp_path, "every", train=train, eval={"every": 1, "personal": {"steps": 4}})
+    summary, sparse = run_lines(tmp_path, "sparse", train=train, eval={"every": 1, "personal": {"steps": 4, "every": 2}})
+    personal = ("personal_acc", "client_personal_acc")
+    assert [[k in line for k in personal] for line in sparse] == [[r in (2, 4, 5)] * 2 for r in range(1, 6)]
+    # rounds 2, 4 and the last: the numbers personalising at every evaluation gives; the other lines as they were
+    assert [line for line in sparse if "personal_acc" in line] == [line for line in every if line["round"] in (2, 4, 5)]
+    assert [{k: v for k, v in line.items() if k not in personal} for line in sparse] == [
+        {k: v for k, v in line.items() if k not in personal} for line in every
+    ]
+    assert summary["final_personal_acc"] == every[-1]["personal_acc"]
+    assert summary["best_personal_acc"] == max(line["personal_acc"] for line in every if line["round"] in (2, 4, 5))
+
+
 def test_personal_accuracy_reaches_the_report_and_the_api(tmp_path: Path, one_thread: None) -> None:
     summary, lines = run_lines(tmp_path, "p", eval={"every": 2, "personal": {"steps": 5}})
     run_dir = Path(summary["run_dir"])

@@ -22,6 +22,7 @@ from torch import nn
 
 from fedsim import wire
 from fedsim.arrays import to_array_record
+from fedsim.cadence import personalises
 from fedsim.client.pending import hold, replace_state, settle, stage
 from fedsim.client.personal import Personaliser, personal_seed
 from fedsim.client.sgd import LocalSgd
@@ -176,7 +177,7 @@ class ClientRuntime:
                 wire.PARTITION_ID: pid,
             }
         )
-        if self.cfg.eval.personal.steps is not None:
+        if personalises(self.cfg, int(msg.content.config_records[wire.CONFIG][wire.SERVER_ROUND])):
             metrics[wire.PERSONAL_CORRECT] = self.score(self.personalised(msg, context), data)[1]
         return Message(RecordDict({wire.METRICS: metrics}), reply_to=msg)
 

@@ -24,7 +24,7 @@ from flwr.serverapp import Grid
 
 from fedsim import wire
 from fedsim.arrays import to_array_record
-from fedsim.cadence import EvalCadence
+from fedsim.cadence import EvalCadence, personalises
 from fedsim.config import RunConfig
 from fedsim.data.fingerprint import check_same_data
 from fedsim.errors import ClusterLost, ConfigError, PluginExit, TrainingError
@@ -115,7 +115,7 @@ class RoundLoop:
         )
         replies = self._exchange(messages, scored, server_round, "evaluation")
         self.strategy.aggregate_evaluate(server_round, replies)  # the strategy's own bookkeeping, if any
-        personal = self.cfg.eval.personal.steps is not None
+        personal = personalises(self.cfg, server_round)
         return dict.fromkeys(scored) | {  # None: the client failed (on_client_failure: skip)
             wire.partition_of(m): ClientScore(
                 int(wire.reply_metric(m, wire.NUM_EXAMPLES)),

@@ -17,6 +17,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from fedsim.arrays import load_arrays
+from fedsim.cadence import personalises
 from fedsim.errors import FedsimWarning, TrainingError
 from fedsim.experiment.diagnostics import ProbeDiagnostics
 from fedsim.experiment.resolve import Experiment
@@ -140,7 +141,7 @@ class RoundReporter:
             "client_mean_acc": _mean(client_acc),
         }
         client_personal_acc = None
-        if self.cfg.eval.personal.steps is not None:
+        if personalises(self.cfg, server_round):
             client_personal_acc = self._client_accuracies(scores, "personal_correct")
             record["personal_acc"] = _mean(client_personal_acc)
         if self.global_eval is not None:
