@@ -141,6 +141,21 @@ def test_the_headline_table_is_the_200_round_three_seed_sweep() -> None:
     assert methods[2] == {("fedavg", n) for n in ("none", "ln", "fn")}
 
 
+def test_the_personalised_comparison_is_the_four_and_fedavg_at_the_headline_setting() -> None:
+    out, cells = plan(TABLES / "personal_200rounds.yaml")
+    assert out == Path("runs/sweeps/personal-200rounds") and len(cells) == 30
+    for _, cfg in cells:
+        assert (cfg.train.rounds, cfg.eval.every, cfg.train.num_clients, cfg.train.local_steps) == (200, 10, 10, 10)
+        assert (cfg.train.batch_size, cfg.train.lr, cfg.train.momentum, cfg.model.name) == (32, 0.01, 0.0, "cnn")
+        assert cfg.partition.options["classes_per_client"] == 1
+        # FedBABU's fine-tuning: 5 epochs over a client's 5,000 images at B = 32, once, after the last round
+        assert (cfg.eval.personal.steps, cfg.eval.personal.params, cfg.eval.personal.every) == (780, "all", 200)
+        assert cfg.strategy.options == {}  # each strategy at its paper's defaults
+    methods = {(cfg.strategy.name, cfg.model.norm.name, cfg.seed) for _, cfg in cells}
+    strategies = ("fedavg", "ccvr", "fedbabu", "fedrod", "fedetf")
+    assert methods == {(s, n, seed) for s in strategies for n in ("none", "ln") for seed in (0, 1, 2)}
+
+
 @pytest.mark.parametrize(
     ("name", "dataset", "source"),
     [
