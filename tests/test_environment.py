@@ -169,15 +169,15 @@ def test_a_deleted_working_directory_from_python(tmp_path: Path, monkeypatch: py
 
 
 def test_a_broken_library_on_ld_library_path_is_one_line(tmp_path: Path) -> None:
-    """A C++ runtime that is no library (an empty file) first on LD_LIBRARY_PATH: numpy's extension fails to
-    load it."""
+    """A C++ runtime that is no library (an empty file) first on LD_LIBRARY_PATH: torch's extension, the first
+    library ``fedsim run`` loads, fails to load it."""
     broken = tmp_path / "lib"
     broken.mkdir()
     (broken / "libstdc++.so.6").write_bytes(b"")
     code, err = run_cli(tmp_path, small_config(tmp_path), env={"LD_LIBRARY_PATH": str(broken)})
     assert (code, len(err)) == (2, 1), err
     assert err[0] == (
-        f"fedsim: error: cannot load numpy: {broken}/libstdc++.so.6: file too short; LD_LIBRARY_PATH puts {broken} "
+        f"fedsim: error: cannot load torch: {broken}/libstdc++.so.6: file too short; LD_LIBRARY_PATH puts {broken} "
         "first: take it out of LD_LIBRARY_PATH, or mend the library there"
     )
     assert runs_made(tmp_path) == []

@@ -36,16 +36,17 @@ def _resuming(args: argparse.Namespace) -> bool:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from fedsim.app import api
     from fedsim.config_file import load_config
     from fedsim.engines import driver_watch
+    from fedsim.engines.runner import run
     from fedsim.record.checkpoint import resume_config
 
     resume = _resuming(args)
-    if driver_watch.wanted(resume_config(args.resume) if resume else load_config(args.config, args.set)):
+    check_working_directory()  # relative paths are read from it
+    cfg = resume_config(args.resume) if resume else load_config(args.config, args.set)
+    if driver_watch.wanted(cfg):
         return driver_watch.run_watched(args.argv)  # the same command, as a driver this process speaks for
-    run = api.resume(args.resume) if resume else api.run(args.config, args.set)
-    print(run.dir)
+    print(run(cfg, resume=resume)["run_dir"])
     return 0
 
 
