@@ -230,8 +230,13 @@ class EvalConfig(_Strict):
 
     @model_validator(mode="after")
     def _personal_on_evaluations(self) -> EvalConfig:
+        if (personal := self.personal.every) is not None and self.personal.steps is None:
+            raise ValueError(
+                f"eval.personal.every = {personal} is given but eval.personal.steps is null (personalised evaluation "
+                "off): set eval.personal.steps (0 or more), or remove eval.personal.every"
+            )
         # a personalised round that is not an evaluation round would never be scored
-        if (personal := self.personal.every) is not None and personal % self.every:
+        if personal is not None and personal % self.every:
             raise ValueError(
                 f"eval.personal.every = {personal} must be a multiple of eval.every ({self.every}): personalised "
                 "accuracy is scored at evaluations"

@@ -134,7 +134,12 @@ CASES: dict[str, Case] = {
         "eval.every=2", "eval.personal.steps=3", "eval.personal.every=3",
         expect=("eval.personal.every = 3 must be a multiple of eval.every (2)",),
     ),
-    "eval-personal-every-zero": run("eval.personal.every=0", expect=("eval.personal.every", "greater than or equal to 1")),
+    "eval-personal-every-without-steps": run(
+        "eval.personal.every=10", expect=("eval.personal.every = 10 is given but eval.personal.steps is null",)
+    ),
+    "eval-personal-every-zero": run(
+        "eval.personal.every=0", expect=("eval.personal.every", "greater than or equal to 1")
+    ),
     "eval-personal-key-unknown": run("eval.personal.epochs=1", expect=("eval.personal.epochs", "unknown key")),
     # --- simulation
     "backend-unknown": run("simulation.backend=gpu", expect=("simulation.backend", "'auto', 'inline' or 'ray'")),
