@@ -112,7 +112,8 @@ def test_personal_evaluation_leaves_every_other_number_as_it_was(tmp_path: Path,
 def test_personal_evaluation_every_k_rounds_scores_those_rounds_and_the_last(tmp_path: Path, one_thread: None) -> None:
     train = {"rounds": 5}
     _, every = run_lines(tmp_path, "every", train=train, eval={"every": 1, "personal": {"steps": 4}})
-    summary, sparse = run_lines(tmp_path, "sparse", train=train, eval={"every": 1, "personal": {"steps": 4, "every": 2}})
+    sparse_eval = {"every": 1, "personal": {"steps": 4, "every": 2}}
+    summary, sparse = run_lines(tmp_path, "sparse", train=train, eval=sparse_eval)
     personal = ("personal_acc", "client_personal_acc")
     assert [[k in line for k in personal] for line in sparse] == [[r in (2, 4, 5)] * 2 for r in range(1, 6)]
     # rounds 2, 4 and the last: the numbers personalising at every evaluation gives; the other lines as they were
