@@ -32,6 +32,12 @@ def _offline_flower(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def seeded() -> None:
+    """torch's global generator at seed 0: a test's random models and data the same on every run."""
+    torch.manual_seed(0)
+
+
+@pytest.fixture
 def one_thread() -> Iterator[None]:
     """torch on one thread for the test (runs in the test's own process compare numbers bit for bit, and
     the sum order of torch's kernels depends on its thread count), then as it was."""

@@ -31,8 +31,8 @@ from fedsim.strategies import ServerSetup
 from fedsim.strategies.ccvr import VIRTUAL_STREAM, pool_class_stats
 from tests import strategy_rows
 from tests.conftest import small_config
+from tests.strategy_harness import spec
 from tests.test_resume import check_resume
-from tests.test_strategies_math import spec
 
 CLASSES, WIDTH, SEED = 4, 5, 3
 

@@ -5,7 +5,7 @@ The reference never calls fedsim's strategy: each client is a deepcopy of the mo
 ``torch.optim.SGD`` with the authors' two parameter groups (the body at the learning rate, the head at 0), with
 momentum and weight decay on; the server is θ_ext = Σ n_i/n·θ_ext,i in float64 with the head left at θ_cls^0.
 fedsim's clients train through the one training loop (``train_local``) with the strategy's hooks, and its
-server half runs through the harness of tests/test_strategies_math.py (fedsim's ``LocalGrid``).
+server half runs through the harness of tests/strategy_harness.py (fedsim's ``LocalGrid``).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from fedsim.norms import create_norm
 from fedsim.strategies.hooks import RoundInfo
 from tests import strategy_rows
 from tests.conftest import small_config, write_config
+from tests.strategy_harness import Clients, client_round, numpy_of, play_round, reply, server, spec
 from tests.test_resume import check_resume, metrics
-from tests.test_strategies_math import Clients, client_round, numpy_of, play_round, reply, server, spec
 
 LR, MOMENTUM, WD, STEPS, BATCH, CLASSES, SHAPE = 0.1, 0.9, 0.01, 3, 4, 3, (1, 4, 4)
 SIZES = {0: 12, 1: 8, 2: 4}  # unequal n_i: the paper's n_i/n weights differ from the authors' uniform mean

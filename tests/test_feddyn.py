@@ -3,7 +3,7 @@
 The reference trains a float64 deepcopy of the model by hand (autograd on the paper's local objective
 L_k(θ) − ⟨g_k, θ⟩ + (α/2)‖θ − θ^{t−1}‖², torch's SGD update written out) and applies the paper's g_k, h and θ^t
 updates in numpy; fedsim's client runs through ``train_local`` and its server half through the harness of
-tests/test_strategies_math.py (``LocalGrid`` with stand-in clients), over rounds with partial participation.
+tests/strategy_harness.py (``LocalGrid`` with stand-in clients), over rounds with partial participation.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from fedsim.server.sampling import ClientSampler
 from fedsim.strategies.feddyn import FEDDYN_GRAD
 from fedsim.strategies.hooks import ClientHooks, RoundInfo
 from fedsim.strategies.server_half import Checkpointable, ServerSetup
-from tests.test_strategies_math import (
+from tests.strategy_harness import (
     Clients,
     images,
     info,

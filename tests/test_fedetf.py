@@ -32,8 +32,8 @@ from fedsim.strategies.fedetf import ETF_KEY, simplex_etf
 from fedsim.strategies.hooks import RoundInfo
 from tests import strategy_rows
 from tests.conftest import small_config, write_config
+from tests.strategy_harness import Clients, client_round, numpy_of, play_round, reply, server, spec
 from tests.test_resume import check_resume, metrics
-from tests.test_strategies_math import Clients, client_round, numpy_of, play_round, reply, server, spec
 
 LR, MOMENTUM, WD, STEPS, BATCH, CLASSES, SHAPE, DIM, SEED = 0.1, 0.9, 0.01, 3, 4, 4, (1, 4, 4), 6, 7
 SIZES = {0: 12, 1: 8, 2: 5}

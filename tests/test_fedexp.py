@@ -25,7 +25,7 @@ from fedsim.server.loop import RoundLoop
 from fedsim.server.reporter import GlobalEvaluator
 from fedsim.strategies.server_half import ScoredModel
 from tests.conftest import small_config
-from tests.test_strategies_math import Clients, numpy_of, play_round, reply, server
+from tests.strategy_harness import Clients, numpy_of, play_round, reply, server
 
 PARAMS = {"w": (2, 3), "b": (3,)}  # trainable parameters; "stat" and "count" are buffers
 X = {"w": [[0.5, -1.0, 2.0], [0.0, 0.25, -0.5]], "b": [1.0, -2.0, 0.5], "stat": [0.0, 1.0], "count": 3}

@@ -1,7 +1,7 @@
 """FedNova (strategies/fednova.py) against a reference written here in numpy float64.
 
 Each client trains through fedsim's one loop (``train_local``, ``LocalSgd`` with momentum) and FedNova's
-client hooks, and the server half runs through the harness of tests/test_strategies_math.py (fedsim's
+client hooks, and the server half runs through the harness of tests/strategy_harness.py (fedsim's
 ``LocalGrid``, replies sorted by partition) for one full round. The reference takes the same batches (an
 identically seeded stream), runs heavy-ball SGD u ← ρu + g, w ← w − ηu by hand, gets a_i by summing, for each
 step's gradient, the momentum coefficients of the steps it is applied in (never the paper's closed form, which
@@ -30,7 +30,7 @@ from fedsim.errors import ProtocolError
 from fedsim.strategies.fednova import A_NORM, FEDNOVA_A_NORM
 from fedsim.strategies.hooks import RoundInfo
 from tests.conftest import small_config
-from tests.test_strategies_math import Clients, numpy_of, play_round, reply, server, softmax, spec, stream
+from tests.strategy_harness import Clients, numpy_of, play_round, reply, server, softmax, spec, stream
 from tests.tiny_model import TinyLinear
 
 DATA = {  # client -> (uint8 inputs, labels): 6, 2 and 4 samples, so local epochs take unequal step counts
