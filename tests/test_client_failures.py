@@ -13,7 +13,6 @@ import pytest
 from fedsim.config_file import parse_config
 from fedsim.engines.runner import run
 from fedsim.errors import TrainingError
-from fedsim.server.replies import describe_failures
 from fedsim.server.reporter import ClientsLeftOut
 from tests.conftest import small_config
 
@@ -61,12 +60,6 @@ def test_skip_stops_when_no_client_is_left_to_train(tmp_path: Path) -> None:
         run(parse_config(cfg))
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert not (run_dir / "summary.json").exists()
-
-
-def test_clients_that_failed_alike_are_named_together() -> None:
-    # the clients of one lost Ray worker, or of one SuperLink's answer for nodes it lost, fail with one reason
-    reasons = {3: "their Ray worker died", 0: "RuntimeError: x", 1: "their Ray worker died"}
-    assert describe_failures(reasons) == "client 0: RuntimeError: x; clients 1, 3: their Ray worker died"
 
 
 @pytest.mark.parametrize("engine", ["inline", pytest.param("ray", marks=pytest.mark.slow)])
