@@ -191,7 +191,7 @@ CASES: dict[str, Case] = {
         "output.dir={tmp}/loop/sub", expect=("output.dir: {tmp}/loop: Too many levels of symbolic links",),
         setup="symlink_loop",
     ),  # fmt: skip
-    # fedsim writes only into what is its own (tests/test_own_dirs.py)
+    # fedsim writes only into what is its own (tests/test_ownership.py)
     "run-dir-theirs": run(
         "output.run_dir={tmp}/theirs",
         expect=("output.run_dir {tmp}/theirs is not fedsim's: fedsim writes only into a new or empty directory or one "
@@ -726,7 +726,7 @@ CASES: dict[str, Case] = {
         ("checkpoint.pt: a run record of version 0, older than", "upgrade it with `fedsim record upgrade"),
         setup="resumable_run_checkpoint_unversioned",
     ),
-    # a stopped SCAFFOLD run's client_state/ (tests/test_resume_client_state.py): partition 0's files deleted,
+    # a stopped SCAFFOLD run's client_state/ (tests/test_client_states.py): partition 0's files deleted,
     # partition 1's of the checkpoint's round (round 2's left), partition 2's replaced by partition 3's, partition
     # 3's cut short
     "resume-client-state-damaged": Case(
@@ -1573,7 +1573,7 @@ def _client_state_damaged(tmp: Path) -> None:
 
 def _client_state_unrecorded(tmp: Path) -> None:
     from fedsim.record.checkpoint import CLIENT_STATE_RECORD
-    from tests.test_resume_client_state import as_version_1
+    from tests.test_client_states import as_version_1
 
     as_version_1(_stopped_scaffold_run(tmp), CLIENT_STATE_RECORD)
 
