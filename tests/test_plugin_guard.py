@@ -215,7 +215,7 @@ def test_only_the_thread_running_plugin_code_has_os_exit_replaced() -> None:
     from fedsim.errors import PluginExit
     from fedsim.plugin_guard import plugin_code
 
-    with plugin_code(), pytest.raises(PluginExit, match=r"^x called os._exit\(3\) at test_plugin_faults.py:"):
+    with plugin_code(), pytest.raises(PluginExit, match=r"^x called os._exit\(3\) at test_plugin_guard.py:"):
         with plugin_code("x"):
             os._exit(3)
     # another thread's os._exit meanwhile, and a forked child's (multiprocessing's), are the real one
