@@ -6,7 +6,7 @@ averages the replies with ``aggregate_arrayrecords``, which decodes every Array 
 and array: about 2 ms per reply of the 3.2 MB paper CNN here, most of a zero-step round
 (benchmarks/round_overhead.py). :func:`aggregate_arrayrecords` is the same function: the same float
 operations in the same order, on zero-copy views of the ``.npy`` bytes, summed block by block, so
-its result is byte-identical to Flower's (tests/test_arrays.py) and no strategy's numbers change.
+its result is byte-identical to Flower's (tests/test_aggregation.py) and no strategy's numbers change.
 
 :class:`FastAveraging` is Flower's ``FedAvg`` averaging with it. fedsim's strategies derive from it,
 or put it after a Flower strategy in their bases (``class X(flwr FedAvgM, FastAveraging)``), so the
