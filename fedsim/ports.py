@@ -42,6 +42,9 @@ def free_ports(addresses: Sequence[str], taken: Collection[int] = ()) -> list[in
     The scan starts at a random port so that two launchers choosing at once rarely pick the same."""
     span = server_ports()
     candidates = [port for port in span if port not in taken]
+    none_free = f"no free TCP port in {span.start}-{span.stop - 1} on {', '.join(addresses)}"
+    if not candidates:
+        raise FedsimError(none_free)
     start = random.randrange(len(candidates))
     ports: list[int] = []
     with contextlib.ExitStack() as held:
@@ -56,7 +59,7 @@ def free_ports(addresses: Sequence[str], taken: Collection[int] = ()) -> list[in
                 ports.append(port)
                 break
             else:
-                raise FedsimError(f"no free TCP port in {span.start}-{span.stop - 1} on {', '.join(addresses)}")
+                raise FedsimError(none_free)
     return ports
 
 
