@@ -572,23 +572,23 @@ CASES: dict[str, Case] = {
                 "in {tmp}/rd; the metrics so far are in {tmp}/rd",),
         creates=True,
     ),  # fmt: skip
-    # a plugin strategy's protocol key that is another's (tests/test_protocol.py's plugins)
+    # a plugin strategy's protocol key that is another's (tests/test_wire.py's plugins)
     "strategy-key-of-the-core": run(
-        "strategy.name=tests.test_protocol:SendsItsOwnRound",
-        expect=("strategy.name: strategy 'tests.test_protocol:SendsItsOwnRound': its protocol key 'server-round' "
+        "strategy.name=tests.test_wire:SendsItsOwnRound",
+        expect=("strategy.name: strategy 'tests.test_wire:SendsItsOwnRound': its protocol key 'server-round' "
                 "(record 'config', message 'train') reuses the name 'server-round' of fedsim's core protocol",),
     ),  # fmt: skip
     "strategy-record-of-the-core": run(
-        "strategy.name=tests.test_protocol:KeepsARecordCalledMetrics",
+        "strategy.name=tests.test_wire:KeepsARecordCalledMetrics",
         expect=("its protocol key '*' (record 'metrics', message 'Context.state') is every entry of the record "
                 "'metrics' of fedsim's core protocol",),
     ),  # fmt: skip
     "strategy-record-of-another": run(
-        "strategy.name=tests.test_protocol:SendsScaffoldsC",
+        "strategy.name=tests.test_wire:SendsScaffoldsC",
         expect=("its protocol key '*' (record 'scaffold.c', message 'train') is declared by strategy 'scaffold' too",),
     ),
     "strategy-protocol-of-strings": run(
-        "strategy.name=tests.test_protocol:ProtocolOfStrings",
+        "strategy.name=tests.test_wire:ProtocolOfStrings",
         expect=("protocol must be a tuple of fedsim.wire.Key rows, got ('my.key',)",),
     ),
     # --- --set itself
