@@ -78,8 +78,8 @@ class FeatureCalibrated(Protocol):
 
 def state_record(slots: dict[str, dict[str, np.ndarray] | None]) -> ArrayRecord:
     """Named groups of arrays as one ArrayRecord with ``"<slot>/<name>"`` keys."""
-    tensors = {
-        f"{slot}{wire.STATE_SEP}{name}": torch.from_numpy(np.ascontiguousarray(v))
+    tensors = {  # np.ascontiguousarray makes a 0-d array 1-d (a scalar buffer's moment): its shape is kept
+        f"{slot}{wire.STATE_SEP}{name}": torch.from_numpy(np.ascontiguousarray(v).reshape(np.shape(v)))
         for slot, arrays in slots.items()
         for name, v in (arrays or {}).items()
     }
