@@ -1,5 +1,5 @@
-"""The centralised baseline end to end: one client with all the data, the same steps per round, scored the
-same way; a federated config refused with one line before training."""
+"""The centralised baseline (partitions/centralised.py): the split, one client holding everything; and end to end,
+the same steps per round, scored the same way; a federated config refused with one line before training."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -16,6 +17,7 @@ from fedsim.engines.runner import run
 from fedsim.errors import ConfigError
 from fedsim.sweep.plan import plan
 from tests.conftest import small_config, write_config
+from tests.test_partitions import TEST, TRAIN, split
 
 
 def centralised(tmp_path: Path, **sections: Any) -> dict[str, Any]:
@@ -53,3 +55,18 @@ def test_a_sweep_cell_with_many_clients_fails_at_plan(tmp_path: Path) -> None:
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(sweep))
     with pytest.raises(ConfigError, match=r"sweep cell partition=centralised\b.*train\.num_clients\b.*\bgot 4\b"):
         plan(tmp_path / "s.yaml")  # before the iid cell, or any, has run
+
+
+def test_centralised_is_one_client_with_everything() -> None:
+    part = split("centralised", 1, seed=0)
+    np.testing.assert_array_equal(part.train[0], np.arange(len(TRAIN)))
+    np.testing.assert_array_equal(part.test[0], np.arange(len(TEST)))
+    assert part.train[0].dtype == part.test[0].dtype == np.int64 and part.note == ""
+
+
+@pytest.mark.parametrize("num_clients", [2, 10])
+def test_centralised_refuses_more_than_one_client(num_clients: int) -> None:
+    with pytest.raises(ConfigError, match=rf"train\.num_clients\b.*\b1\b.*\b{num_clients}\b"):
+        split("centralised", num_clients, seed=0)
+
+
