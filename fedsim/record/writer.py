@@ -153,6 +153,6 @@ def json_safe(value: Any) -> Any:
         return None
     if isinstance(value, dict):
         return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):  # a tuple is written as a JSON list too
         return [json_safe(v) for v in value]
     return value
