@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from fedsim.plugin_guard import BOUNDED
+
 T = TypeVar("T")
 STOP_WAIT_S = 5.0  # how long a call that overran or was interrupted is given to stop at its next line
 
@@ -35,7 +37,7 @@ def call_within(call: Callable[[], T], timeout_s: float, overran: Callable[[], B
     """``call()``'s result, or what it raised, if it ends within ``timeout_s`` seconds; else ``overran()`` is
     raised here once the call is stopped or given up on. A call made from within a bounded call runs as it
     is, under its caller's deadline."""
-    if getattr(threading.current_thread(), "fedsim_bounded", False):
+    if getattr(threading.current_thread(), BOUNDED, False):
         return call()
     context, grad = contextvars.copy_context(), torch.is_grad_enabled()
     outcome: list[tuple[bool, Any]] = []
@@ -51,7 +53,7 @@ def call_within(call: Callable[[], T], timeout_s: float, overran: Callable[[], B
             done.set()
 
     thread = threading.Thread(target=run, name="fedsim-bounded-call", daemon=True)
-    thread.fedsim_bounded = True  # type: ignore[attr-defined]
+    setattr(thread, BOUNDED, True)
     thread.start()
     try:
         finished = done.wait(timeout_s)

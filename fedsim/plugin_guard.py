@@ -38,6 +38,7 @@ _guarded = threading.local()  # .labels: the plugin_code() blocks this thread is
 _inside = 0  # plugin_code() blocks open now, in all threads: os._exit is replaced while there are any
 _real_exit = os._exit
 _warned: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+BOUNDED = "fedsim_bounded"  # the attribute that marks a thread running a call bounded in time (fedsim.deadline)
 
 
 def note_plugin(module: str, label: str) -> None:
@@ -154,6 +155,13 @@ def warn_stray_threads(before: set[threading.Thread]) -> list[threading.Thread]:
             stacklevel=2,
         )
     return strays
+
+
+def abandoned_calls() -> bool:
+    """Whether a call bounded in time (:mod:`fedsim.deadline`) that was given up on (it overran, or the wait for it
+    was interrupted) still runs: one inside torch's C++ code when Python's own exit reaches it aborts the process
+    ("terminate called without an active exception", exit status -6), so the command ends by :func:`exit_now`."""
+    return any(getattr(t, BOUNDED, False) and t.is_alive() for t in threading.enumerate())
 
 
 def exit_now(code: int) -> NoReturn:

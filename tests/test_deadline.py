@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fedsim.deadline import call_within
+from fedsim.plugin_guard import abandoned_calls
 
 
 class Overran(Exception):
@@ -68,3 +69,15 @@ def test_a_bounded_call_inside_a_bounded_call_runs_under_the_outer_deadline() ->
 
     assert call_within(lambda: call_within(inner, 30, Overran), 30, Overran) == "inner"
     assert threads == ["fedsim-bounded-call"]  # the inner call ran in the outer call's thread
+
+
+def test_a_call_given_up_on_while_blocked_in_c_counts_as_abandoned_until_it_ends() -> None:
+    release = threading.Event()
+    with pytest.raises(Overran):
+        call_within(release.wait, 0.2, Overran)  # a lock wait in C: no line of Python to stop it at
+    assert abandoned_calls()  # fedsim's command then ends without Python's own exit (fedsim.app.cli.main)
+    release.set()
+    deadline = time.monotonic() + 30
+    while abandoned_calls() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not abandoned_calls()

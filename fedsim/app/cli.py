@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 from fedsim.environment import check_libraries_load, check_working_directory, fault_of
 from fedsim.errors import DEBUG_ENV, ERROR_FILE_ENV, ChildExit, ConfigError, FedsimError, FedsimWarning
 from fedsim.paths import home_expanded
-from fedsim.plugin_guard import exit_now, plugin_code, warn_stray_threads
+from fedsim.plugin_guard import abandoned_calls, exit_now, plugin_code, warn_stray_threads
 from fedsim.processes import sigterm_as_interrupt, sigterm_raised
 
 
@@ -347,10 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     stderr, :mod:`fedsim.environment`), 1 for a sweep some of whose cells failed, 130 on Ctrl-C and 143 on SIGTERM
     (one line each, every process the command started stopped). Threads that plugin code left running are named in
     a warning, and the process ends with that status without waiting for them (Python's own exit would wait
-    forever)."""
+    forever); so it does when a bounded call it gave up on still runs (Python's own exit could abort in it)."""
     before = set(threading.enumerate())
     code = _command(argv)
-    if warn_stray_threads(before):
+    if warn_stray_threads(before) or abandoned_calls():
         exit_now(code)
     return code
 
