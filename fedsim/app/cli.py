@@ -42,7 +42,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fedsim.record.checkpoint import resume_config
 
     resume = _resuming(args)
-    check_working_directory()  # relative paths are read from it
     cfg = resume_config(args.resume) if resume else load_config(args.config, args.set)
     if driver_watch.wanted(cfg):
         return driver_watch.run_watched(args.argv)  # the same command, as a driver this process speaks for
