@@ -5,6 +5,7 @@ tests/test_ownership.py; two real processes racing for one directory: tests/test
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from fedsim.errors import FedsimError
 from fedsim.record.claim import check_fresh, claimed, locked, metrics_so_far, take_back
+from tests.fault_lines import assert_said
 
 
 def test_a_fresh_run_refuses_a_finished_run_or_one_it_could_resume(tmp_path: Path) -> None:
@@ -88,8 +90,9 @@ def test_a_directory_locked_by_another_live_process_is_refused_naming_its_pid(tm
 
 def test_where_the_metrics_are_says_only_what_is_there(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text("x")
-    assert metrics_so_far(tmp_path) == f"nothing was recorded yet, and what the run wrote in {tmp_path} is removed"
+    where = re.escape(str(tmp_path))
+    assert_said("nothing kept", metrics_so_far(tmp_path), run_dir=where)
     (tmp_path / "model.pt").write_bytes(b"x")
-    assert metrics_so_far(tmp_path) == f"no metrics were written yet (the run directory is {tmp_path})"
+    assert_said("no metrics kept", metrics_so_far(tmp_path), run_dir=where)
     (tmp_path / "metrics.jsonl").write_text("{}\n")
-    assert metrics_so_far(tmp_path) == f"the metrics so far are in {tmp_path}"
+    assert_said("metrics kept", metrics_so_far(tmp_path), run_dir=where)

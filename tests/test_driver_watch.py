@@ -3,6 +3,7 @@ a word (the driver killed and Ray ending it on a real cluster: tests/test_ray_cl
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from fedsim.config_file import parse_config
 from fedsim.engines.driver_watch import NOTE_ENV, describe_unsaid_end, wanted
 from tests.conftest import small_config
+from tests.fault_lines import assert_said, fault_line
 
 
 @pytest.mark.parametrize(
@@ -30,18 +32,12 @@ def test_the_driver_itself_is_not_watched_again(tmp_path: Path, monkeypatch: pyt
 
 
 def test_a_driver_that_ended_before_joining_is_said_so() -> None:
-    assert describe_unsaid_end(-9, None) == (
-        "the run's driver (Flower's runtime on a Ray cluster) was ended by SIGKILL and said nothing, before it had "
-        "joined the Ray cluster"
-    )
+    assert_said("driver ended before joining", describe_unsaid_end(-9, None), how="was ended by SIGKILL")
 
 
 def test_a_head_that_answers_and_a_run_that_recorded_nothing_are_said_as_they_are(tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as head:
         gcs = f"127.0.0.1:{head.getsockname()[1]}"
         said = describe_unsaid_end(1, {"run_dir": str(tmp_path), "gcs": gcs})
-    assert said == (
-        "the run's driver (Flower's runtime on a Ray cluster) ended with exit status 1 and said nothing: the Ray "
-        f"cluster's head (its GCS at {gcs}) still answers; Ray's log of the driver (python-core-driver-*.log in the "
-        f"logs of its node's Ray session) may say why; no checkpoint was written in {tmp_path}; no metrics were written"
-    )
+    kept = fault_line("no checkpoint in", run_dir=re.escape(str(tmp_path))) + "; " + fault_line("no metrics")
+    assert_said("driver ended, head answers", said, how="ended with exit status 1", gcs=gcs, kept=kept)

@@ -31,6 +31,7 @@ from fedsim.engines.runner import OFFLINE_ENV
 from fedsim.record.checkpoint import Checkpoint
 from fedsim.record.reader import read_workers
 from tests.conftest import REPO, ip_command, small_config, write_config
+from tests.fault_lines import assert_said, fault_line, said_lines
 from tests.plugins.dying_worker import WORKER_END
 from tests.test_engines import metrics_of
 from tests.test_lost_workers import finished, lost_config, metrics, stopped_in_round_3, uninterrupted
@@ -284,24 +285,13 @@ def test_skip_goes_on_with_the_remaining_node_serving_all(losing_cluster: Losing
     assert [m.get("failed_clients") for m in lines] == [None, None, {str(LOST_IN): clients}, None, None]
     assert all(acc is not None for m in lines[LOST_IN:] for acc in m["client_acc"])
     assert Checkpoint.load(tmp_path / "run").round == 4  # the lost clients' state saved by the head's worker
-    said = [line for line in err.splitlines() if line.startswith("fedsim:")]
+    said = said_lines(err)
     listed = ", ".join(map(str, clients))
     where = rf"on node {re.escape(cluster.ips[1])} \(id {lost['node_id']}\)"
     assert len(said) == 3, err[-3000:]
-    assert re.fullmatch(
-        rf"fedsim: warning: clients {listed}: their Ray worker {where} died during the round \(Actor\w*Error: .+\); "
-        r"a new one serves them, their client state \(Context\.state\) starting empty",
-        said[0],
-    ), said[0]
-    assert said[1] == (
-        f"fedsim: warning: clients {listed}: no node of the Ray cluster took their Ray worker within {PLACE_S:g} s "
-        "(none has room for simulation.client_resources: num_cpus 1, num_gpus 0); the pool's other workers serve "
-        "them from now on, their client state (Context.state) starting empty"
-    )
-    assert said[2] == (
-        "fedsim: warning: rounds that went on without clients that failed (train.on_client_failure: skip; "
-        f"failed_clients in metrics.jsonl): round {LOST_IN}: {listed}"
-    )
+    assert_said("worker died, replaced", said[0], clients=listed, node=where + " ", error=r"Actor\w*Error")
+    assert_said("worker unplaced", said[1], clients=listed, within=f"{PLACE_S:g}", resources="num_cpus 1, num_gpus 0")
+    assert_said("rounds skipped", said[2], rounds=f"round {LOST_IN}: {listed}")
     assert "Traceback" not in err
 
 
@@ -342,12 +332,8 @@ def test_a_head_lost_while_the_round_waits_on_the_worker_node_stops_in_one_line(
     assert code == 2, err[-3000:]
     assert time.monotonic() - lost < HEAD_POLL_S + RAY_HEAD_WAIT_S + CLOSE_LOST_S + 30, err[-3000:]
     (line,) = err.splitlines()  # no traceback, none of Ray's lines
-    assert re.fullmatch(
-        rf"fedsim: error: round {LOST_IN}, training: the Ray cluster's head \(its GCS at "
-        rf"{re.escape(cluster.address)}\) did not answer within {RAY_HEAD_WAIT_S:g} s \(.+\); the last good "
-        r"checkpoint \(round 2\) is in .+",
-        line,
-    ), line
+    assert_said("head lost", line, round=LOST_IN, gcs=re.escape(cluster.address), within=f"{RAY_HEAD_WAIT_S:g}",
+                why=".+", kept=fault_line("checkpoint kept", round=2, run_dir=".+"))  # fmt: skip
     assert [m["round"] for m in metrics(tmp_path / "run")] == [1, 2]
     # a worker node whose head is gone keeps its agents retrying the GCS, deaf to SIGTERM, for over a minute:
     # what stays of the cluster is ended as a lost node

@@ -17,8 +17,9 @@ import pytest
 
 from fedsim.processes import Process, Terminated, alive, sigterm_as_interrupt, tree
 from tests.conftest import REPO, host_address, small_config, write_config
+from tests.fault_lines import assert_said, fault_line
 
-STOPPED = "fedsim: interrupted by SIGTERM"
+STOPPED = fault_line("interrupted by SIGTERM")
 
 
 def default_sigint() -> None:
@@ -119,9 +120,10 @@ def test_a_run_on_ray_stopped_mid_way_leaves_nothing_running(
     if sig == signal.SIGTERM:  # one line (after what the engine logged while it ran), not Ray's exit 15 and dump
         # the line says where the run stands, as it is on disk: a run that recorded nothing has left nothing
         runs = list((tmp_path / "runs").iterdir())
-        so_far = f"the metrics so far are in {runs[0]}" if runs else "nothing was recorded yet"
+        where = re.escape(str(runs[0])) if runs else ".+"
+        so_far = fault_line("metrics kept" if runs else "nothing kept", run_dir=where)
         assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-        assert err.splitlines()[-1].startswith(f"{STOPPED}; {so_far}"), err[-3000:]
+        assert re.match(f"{STOPPED}; {so_far}", err.splitlines()[-1]), err[-3000:]
         assert "Traceback" not in err and "***" not in err
     assert_all_gone(seen)  # however it ended, what it started ends with it
 
@@ -145,8 +147,8 @@ def test_a_signal_while_inline_clients_train_is_one_line(tmp_path: Path, sig: si
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + sig, err[-3000:]
-    stopped = STOPPED if sig == signal.SIGTERM else "fedsim: interrupted"
-    assert err.splitlines()[-1].startswith(f"{stopped}; the metrics so far are in "), err[-3000:]
+    stopped = STOPPED if sig == signal.SIGTERM else fault_line("interrupted")
+    assert re.match(f"{stopped}; " + fault_line("metrics kept", run_dir=""), err.splitlines()[-1]), err[-3000:]
     assert "terminate called" not in err and "Traceback" not in err, err[-3000:]
 
 
@@ -163,10 +165,10 @@ def test_a_signal_while_ray_starts_is_one_line_and_leaves_nothing_running(tmp_pa
     proc.send_signal(sig)
     seen |= run_until(proc, lambda _: False, timeout=120)  # and what ray.init starts after the signal
     _, err = proc.communicate(timeout=60)
-    how = STOPPED if sig == signal.SIGTERM else "fedsim: interrupted"
+    how = STOPPED if sig == signal.SIGTERM else fault_line("interrupted")
     # made before Ray starts, no round run yet: removed, and the line says so
-    line = f"{how}; nothing was recorded yet, and what the run wrote in {tmp_path / 'runs'}/t-[0-9-]+ is removed"
-    assert proc.returncode == 128 + sig and re.fullmatch(line + "\n", err), err
+    removed = fault_line("nothing kept", run_dir=re.escape(str(tmp_path / "runs")) + "/t-[0-9-]+")
+    assert proc.returncode == 128 + sig and re.fullmatch(f"{how}; {removed}\n", err), err
     assert list((tmp_path / "runs").iterdir()) == []
     assert_all_gone(seen)
 
@@ -196,8 +198,8 @@ def test_a_signal_while_fedsim_waits_on_a_ray_address_ends_it_at_once(tmp_path: 
         finally:
             for conn in connections:
                 conn.close()
-    how = STOPPED if sig == signal.SIGTERM else "fedsim: interrupted"
-    assert (proc.returncode, err) == (128 + sig, how + "\n")
+    how = STOPPED if sig == signal.SIGTERM else fault_line("interrupted")
+    assert proc.returncode == 128 + sig and re.fullmatch(how + "\n", err), err
     assert time.monotonic() - signalled < 15
     assert not (tmp_path / "runs").exists()  # the address is checked before anything is written
     assert_all_gone(seen)
@@ -261,7 +263,7 @@ def test_a_run_stopped_after_a_checkpoint_says_how_to_continue_it(
     monkeypatch.setattr(fedsim.engines, "run_with_engine", stopped_after_a_checkpoint)
     run_dir = tmp_path / "r"
     assert main(["run", str(write_config(tmp_path, small_config(tmp_path, output={"run_dir": str(run_dir)})))]) == 130
-    assert capsys.readouterr().err == (
-        f"fedsim: interrupted; no metrics were written yet (the run directory is {run_dir}); "
-        f"fedsim run --resume {run_dir} continues it from its last checkpoint\n"
-    )
+    err, where = capsys.readouterr().err, re.escape(str(run_dir))
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    assert_said("interrupted after a checkpoint", err[:-1], how=fault_line("interrupted"), run_dir=where,
+                kept=fault_line("no metrics kept", run_dir=where))  # fmt: skip
