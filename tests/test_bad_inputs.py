@@ -311,6 +311,14 @@ CASES: dict[str, Case] = {
         ),
         setup="channels_first_npz",
     ),
+    # an alpha channel that is 255 everywhere: dividing by its std of 0 made every input NaN
+    "normalize-a-constant-channel": run(
+        "data.root={tmp}/rgba.npz",
+        "data.normalize=true",
+        expect=("data.normalize: true divides each channel of the training images by its std, and channel 3 holds "
+                "255 in every pixel (std 0); set data.normalize: false",),
+        setup="rgba_npz",
+    ),  # fmt: skip
     "npz-class-control-character": run(
         "data.root={tmp}/ctl.npz", expect=("'a\\nb'", "holds the control character"), setup="control_class_npz"
     ),
@@ -1283,6 +1291,12 @@ def _float_npz(tmp: Path) -> None:
 
 def _channels_first_npz(tmp: Path) -> None:
     _npz(tmp / "nchw.npz", x_train=np.zeros((20, 3, 28, 28), np.uint8))
+
+
+def _rgba_npz(tmp: Path) -> None:
+    x = np.random.default_rng(0).integers(0, 256, (20, 8, 8, 4), dtype=np.uint8)
+    x[..., 3] = 255
+    _npz(tmp / "rgba.npz", x_train=x, x_test=x)
 
 
 def _control_class_npz(tmp: Path) -> None:

@@ -89,18 +89,26 @@ class Federation:
 
     @cached_property
     def channel_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-channel mean and std of the training images in [0, 1], in chunks (no float copy of all)."""
+        """Per-channel mean and std of the training images in [0, 1], in chunks (no float copy of all): the mean
+        first, then the squared deviations from it, so each variance is a sum of non-negative terms (a sum of
+        squares less n·mean² cancels to 0, or below it, on a near-constant channel). A channel that holds one
+        value has no spread to divide by, and is refused with the field that asks for it."""
         x = self.dataset.x_train
-        total = torch.zeros(x.shape[1], dtype=torch.float64)
-        squares = torch.zeros_like(total)
-        for start in range(0, len(x), 4096):
-            chunk = x[start : start + 4096].double().div_(255)
-            total += chunk.sum((0, 2, 3))
-            squares += chunk.square().sum((0, 2, 3))
+        chunks = [x[start : start + 4096] for start in range(0, len(x), 4096)]
+        low = torch.stack([c.amin((0, 2, 3)) for c in chunks]).amin(0)
+        high = torch.stack([c.amax((0, 2, 3)) for c in chunks]).amax(0)
+        flat = [int(c) for c in torch.nonzero(low == high).flatten()]
+        if flat:
+            values = ", ".join(f"channel {c} holds {int(low[c])} in every pixel" for c in flat)
+            raise DataError(
+                f"data.normalize: true divides each channel of the training images by its std, and {values} "
+                "(std 0); set data.normalize: false, or drop the channel from the dataset"
+            )
         n = len(x) * x.shape[2] * x.shape[3]
-        mean = total / n
-        std = ((squares - n * mean.square()) / (n - 1)).sqrt()
-        return mean.float(), std.float()
+        mean = sum(c.double().div_(255).sum((0, 2, 3)) for c in chunks) / n
+        centred = mean.view(1, -1, 1, 1)
+        squares = sum(c.double().div_(255).sub_(centred).square_().sum((0, 2, 3)) for c in chunks)
+        return mean.float(), (squares / (n - 1)).sqrt().float()
 
     def input_transform(self, normalize: bool) -> InputTransform:
         return InputTransform(self.channel_stats if normalize else None)
@@ -145,10 +153,11 @@ AnyFederation = Federation | GeneratedFederation
 def load_federation(cfg: RunConfig, loader: DatasetLoader, partitioner: Partitioner) -> AnyFederation:
     """The dataset and its split for ``cfg`` (``loader`` and ``partitioner`` are its resolved plugins).
 
-    Cached by what the split depends on: ``(dataset, partition, number of clients, seed)``."""
+    Cached by what the split depends on: the data section less what is applied batch by batch (``augment``,
+    ``normalize``: the channel statistics are the dataset's), the partition, the number of clients, the seed."""
     key = json.dumps(
         {
-            "data": cfg.data.model_dump(mode="json"),
+            "data": cfg.data.model_dump(mode="json", exclude={"augment", "normalize"}),
             "partition": cfg.partition.model_dump(mode="json"),
             "num_clients": cfg.train.num_clients,
             "seed": cfg.seed,
