@@ -52,6 +52,9 @@ def read_run(path: str | Path) -> RunRecord:
     path = Path(path)
     if not (path / CONFIG).exists():
         held = [name for name in RECORD_FILES if (path / name).exists()]
+        if not held:
+            why = "no config.yaml" if path.is_dir() else "no such directory"
+            raise FedsimError(f"{path}: not a run directory ({why})")
         raise FedsimError(f"{path}: a run directory ({', '.join(held)}) without its config.yaml, which says what the "
                           f"run was: {RESTORE_HINT}")  # fmt: skip
     cfg = read_run_config(path / CONFIG, read_back=True)
