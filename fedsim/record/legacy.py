@@ -60,19 +60,29 @@ def check_legacy(
         return FedsimError(f"{path}: {file} is not the file the run wrote ({key} in {name} differs; edited after the "
                            "run, or another run's): restore the whole run directory")  # fmt: skip
 
+    def counted(key: str) -> int:  # an older record's count, checked before it slices or compares
+        value = record.get(key)
+        if type(value) is not int or value < 0:
+            raise FedsimError(f"{path}: {name} has {key} = {value!r} where an older fedsim wrote a count (a "
+                              "whole number, 0 or more): not the file the run wrote; restore the whole run "
+                              "directory")  # fmt: skip
+        return value
+
     if name == SUMMARY and record.get(SUMMARY_SHA256) not in (None, summary_checksum(record)):
         raise differs(SUMMARY_SHA256, SUMMARY)
     recorded = record.get(CONFIG_SHA256)
     if recorded is not None and recorded != config_checksum(read_yaml(path / CONFIG, "the run's config.yaml")):
         raise differs(CONFIG_SHA256, CONFIG)
     if record.get(METRICS_LINES) is not None:
-        covered = metrics[: record[METRICS_LINES]]
-        if len(covered) != record[METRICS_LINES] or metrics_checksum(covered) != record[METRICS_SHA256]:
+        covered = metrics[: counted(METRICS_LINES)]
+        if len(covered) != record[METRICS_LINES] or metrics_checksum(covered) != record.get(METRICS_SHA256):
             raise differs(METRICS_SHA256, "metrics.jsonl")
         if name == SUMMARY and len(metrics) != len(covered):
             raise differs(METRICS_LINES, "metrics.jsonl")
+    elif name == SUMMARY:
+        covered = metrics
     else:
-        covered = metrics if name == SUMMARY else [line for line in metrics if line["round"] <= record["round"]]
+        covered = [line for line in metrics if line["round"] <= counted("round")]
     if partition is not None and record.get(PARTITION_SHA256) not in (None, partition_checksum(*partition)):
         raise differs(PARTITION_SHA256, "partition.csv")
     if model is not None and record.get(MODEL_SHA256) not in (None, digest(model)):
