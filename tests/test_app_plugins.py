@@ -1,0 +1,152 @@
+"""``fedsim list``'s text (fedsim/app/plugins.py): every registry by kind, and :func:`describe`'s table of one kind,
+each plugin on a line of its own (its registered name in a column 16 wide, the first line of its docstring) and its
+options with their defaults on the next. The exact layout on a registry of this file's own; the built-in kinds read
+back here, each default parsed from the text as the Python literal it is and compared with its ``Params``' own."""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, Field
+
+from fedsim.app import plugins
+from fedsim.app.plugins import ALL_REGISTRIES, describe
+from fedsim.data import DATASETS
+from fedsim.models import MODELS
+from fedsim.norms import NORMS
+from fedsim.partitions import PARTITIONERS
+from fedsim.registry import PluginParams, Registry
+from fedsim.strategies import STRATEGIES
+from fedsim.trackers import TRACKERS
+
+
+class Widget:
+    class Params(PluginParams):
+        pass
+
+    def __init__(self, params: PluginParams) -> None:
+        self.params = params
+
+
+class Plain(Widget):
+    """A plain widget: no options.
+
+    The rest of the docstring is no part of the summary."""
+
+
+class Sized(Widget):
+    """Sized: options with defaults of every kind."""
+
+    class Params(PluginParams):
+        size: float = 1.5
+        label: str = "w"
+        ratio: float  # required: no default
+        shape: tuple[int, int] = (2, 3)
+        tags: list[str] = Field(default_factory=lambda: ["a", "b"])
+        limit: int | None = None
+
+
+class Undocumented(Widget):
+    pass
+
+
+@pytest.fixture
+def widgets(monkeypatch: pytest.MonkeyPatch) -> Registry[Widget]:
+    """A kind ``widgets`` among ALL_REGISTRIES for the test, registered out of name order."""
+    registry: Registry[Widget] = Registry("widgets", Widget)
+    registry.register("Sized")(Sized)
+    registry.register("undocumented")(Undocumented)
+    registry.register("plain")(Plain)
+    registry.register("A-Very-Long-Widget-Name")(Plain)
+    monkeypatch.setitem(ALL_REGISTRIES, "widgets", registry)
+    return registry
+
+
+def test_every_kind_is_its_own_registry_in_the_order_fedsim_list_prints_them() -> None:
+    assert list(ALL_REGISTRIES) == ["strategies", "norms", "models", "datasets", "partitions", "trackers"]
+    expected = [STRATEGIES, NORMS, MODELS, DATASETS, PARTITIONERS, TRACKERS]
+    assert all(ALL_REGISTRIES[kind] is registry for kind, registry in zip(ALL_REGISTRIES, expected, strict=True))
+    assert all(registry.kind == kind for kind, registry in ALL_REGISTRIES.items())
+
+
+def test_a_kind_is_one_line_per_plugin_by_name_with_its_options_and_their_defaults_below(
+    widgets: Registry[Widget],
+) -> None:
+    # names from column 2 in a column of 16, then one space and the summary (column 19); options from column 20
+    assert describe("widgets").split("\n") == [
+        "widgets:",
+        "  a_very_long_widget_name A plain widget: no options.",  # wider than the column: one space still
+        "  plain" + " " * 12 + "A plain widget: no options.",
+        "  sized" + " " * 12 + "Sized: options with defaults of every kind.",
+        " " * 20 + "options: size=1.5, label='w', ratio=required, shape=(2, 3), tags=['a', 'b'], limit=None",
+        "  undocumented" + " " * 5,  # no docstring: an empty summary, and no options line (Params has no fields)
+    ]
+
+
+def test_a_default_factory_is_shown_by_the_value_it_makes_afresh(widgets: Registry[Widget]) -> None:
+    made: list[int] = []
+
+    class Counted(Widget):
+        """Counted."""
+
+        class Params(PluginParams):
+            n: list[int] = Field(default_factory=lambda: made.append(1) or [len(made)])
+
+    widgets.register("counted")(Counted)
+    assert " " * 20 + "options: n=[1]" in describe("widgets").split("\n")
+    assert " " * 20 + "options: n=[2]" in describe("widgets").split("\n")  # made each time, not a value kept
+
+
+@pytest.mark.parametrize("obj", [object, type("NoPydantic", (), {"Params": dict}), type("Bare", (), {})])
+def test_an_object_without_pydantic_params_has_no_options_line(obj: Any) -> None:
+    assert plugins._options(obj) == ""
+
+
+def test_a_kind_that_is_not_listed_is_a_key_error() -> None:
+    with pytest.raises(KeyError, match="planets"):  # the CLI refuses an unknown kind before it asks
+        describe("planets")
+
+
+REQUIRED = object()
+
+
+def parse_options(text: str) -> dict[str, Any]:
+    """``a=1, b='x', c=[1, 2]`` as keyword arguments of a call: each value the literal it spells."""
+    call = ast.parse(f"f({text})", mode="eval").body
+    assert isinstance(call, ast.Call) and not call.args
+    values = {}
+    for keyword in call.keywords:
+        required = isinstance(keyword.value, ast.Name) and keyword.value.id == "required"
+        values[keyword.arg] = REQUIRED if required else ast.literal_eval(keyword.value)
+    return values
+
+
+@pytest.mark.parametrize("kind", list(ALL_REGISTRIES))
+def test_every_built_in_kind_reads_back_as_its_plugins_summaries_and_defaults(kind: str) -> None:
+    registry = ALL_REGISTRIES[kind]
+    header, *lines = describe(kind).split("\n")
+    assert header == f"{kind}:"
+    listed: dict[str, tuple[str, dict[str, Any]]] = {}
+    for line in lines:
+        if options := re.fullmatch(r" {20}options: (.+)", line):
+            name = list(listed)[-1]  # the options of the plugin on the line above
+            assert listed[name][1] == {}, line
+            listed[name] = (listed[name][0], parse_options(options.group(1)))
+        else:
+            entry = re.fullmatch(r"  (\S+) +(.*)", line)
+            assert entry is not None and len(entry.group(0)) - len(entry.group(2)) >= 19, line
+            listed[entry.group(1)] = (entry.group(2), {})
+    assert list(listed) == registry.names()
+    for name, (summary, options) in listed.items():
+        cls = registry.get(name)
+        doc = (cls.__doc__ or "").strip()
+        assert summary == (doc.splitlines()[0] if doc else ""), name
+        params: type[BaseModel] = cls.Params  # type: ignore[attr-defined]
+        defaults = params.model_construct()  # the defaults without validation, factories called
+        fields = params.model_fields
+        expected = {f: REQUIRED if info.is_required() else getattr(defaults, f) for f, info in fields.items()}
+        assert options == expected, name
+        assert list(options) == list(fields), name  # in the order Params declares them
