@@ -34,7 +34,7 @@ from fedsim.record.checkpoint import PAYLOAD, checkpoint_bytes
 from fedsim.record.layout import CHECKPOINT
 from fedsim.record.manifest import DATA_FINGERPRINT
 from tests.conftest import MNIST_SMALL, small_config, write_config
-from tests.test_data import tree_files, write_tar
+from tests.data_fixtures import tree_files, write_tar
 
 # ----------------------------------------------------------------- archives
 

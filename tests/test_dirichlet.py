@@ -1,5 +1,5 @@
 """The Dirichlet label skew (partitions/dirichlet.py): every sample once, β from IID to concentrated, the test
-split in the train split's proportions, min_size and balance, on synthetic labels of 10 classes."""
+split in the train split's proportions, min_size and balance, on synthetic labels of 10 classes; β > 0."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from fedsim.errors import DataError
-from fedsim.partitions import class_counts
+from fedsim.partitions import PARTITIONERS, class_counts
 from fedsim.partitions.dirichlet import MAX_TRIES
 from tests.test_partitions import FAST, SEEDS, TEST, TRAIN, C, assert_exact_cover, mean_max_class_share, split
 
@@ -76,3 +77,7 @@ def test_dirichlet_balance_caps_client_size() -> None:
         assert max(len(t) for t in split("dirichlet", 10, s, beta=0.1, balance=True).train) <= 200
 
 
+@pytest.mark.parametrize("beta", [0.0, -1.0])
+def test_params_reject_nonpositive_beta(beta: float) -> None:
+    with pytest.raises(ValidationError, match="beta"):
+        PARTITIONERS.get("dirichlet").Params(beta=beta)

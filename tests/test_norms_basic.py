@@ -2,7 +2,7 @@
 in docs/normalizers.md, written here with plain torch ops in float64: LN over all of (C, H, W) or D, feature
 normalisation √d·x / max(ε, ‖x‖), GroupNorm over contiguous groups, BatchNorm's batch and running statistics;
 that each option (eps, affine, inside, groups, momentum) reaches the module. Placement in the models and parameter
-counts: tests/test_models.py."""
+counts: tests/test_cnn.py, test_mlp.py, test_resnet.py; every model with every normaliser: tests/test_models.py."""
 
 from __future__ import annotations
 

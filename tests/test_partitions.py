@@ -1,12 +1,13 @@
 """What every partitioner (ALGORITHMS.md, "Partitions") holds to, on synthetic labels of 10 classes: the registry,
-the same split for the same seed, input validation; IID's even split. Each skew against its definition:
-tests/test_dirichlet.py, tests/test_n_class.py, tests/test_centralised.py; the helpers here are theirs."""
+the same split for the same seed, input validation. Each partitioner against its definition: tests/test_iid.py,
+tests/test_dirichlet.py, tests/test_n_class.py, tests/test_centralised.py, tests/test_natural.py; the shared checks
+and class counts of partitions/base.py: tests/test_partitions_base.py; the helpers here are theirs."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -48,17 +49,6 @@ def test_registry_and_class_counts() -> None:
     assert counts.dtype == np.int64
 
 
-@FAST
-@given(seed=SEEDS, num_clients=st.integers(1, 60))
-def test_iid_assigns_every_sample_once_evenly(seed: int, num_clients: int) -> None:
-    part = split("iid", num_clients, seed)
-    assert_exact_cover(part.train, len(TRAIN))
-    assert_exact_cover(part.test, len(TEST))
-    for parts in (part.train, part.test):
-        sizes = [len(p) for p in parts]
-        assert max(sizes) - min(sizes) <= 1
-
-
 @pytest.mark.parametrize("name,params", [("dirichlet", {"beta": 0.3}), ("n_class", {}), ("iid", {})])
 def test_same_seed_same_split_other_seed_differs(name: str, params: dict[str, object]) -> None:
     a, b, other = (split(name, 10, seed, **params) for seed in (7, 7, 8))
@@ -72,17 +62,6 @@ def test_same_seed_same_split_other_seed_differs(name: str, params: dict[str, ob
 def test_num_clients_out_of_range_raises(name: str, num_clients: int) -> None:
     with pytest.raises(DataError, match=rf"num_clients\b.*1\.\.1000.*\b{num_clients}\b"):
         split(name, num_clients, seed=0)
-
-
-def test_labels_outside_num_classes_raise() -> None:
-    with pytest.raises(DataError, match=r"\btrain labels\b.*0\.\.9"):
-        split("iid", 2, seed=0, train=np.array([0, 3, 10]))
-
-
-@pytest.mark.parametrize("beta", [0.0, -1.0])
-def test_params_reject_nonpositive_beta(beta: float) -> None:
-    with pytest.raises(ValidationError, match="beta"):
-        PARTITIONERS.get("dirichlet").Params(beta=beta)
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,12 @@
-"""Experiment trackers (``output.trackers``): what each records, read back with the tracker's own tools
-(MLflow's client, W&B's offline log reader, TensorBoard's event reader), a user's own tracker by dotted
-path, a tracker that fails, and a missing optional dependency."""
+"""Experiment trackers (``output.trackers``) across modules: the contract's calls in order to a user's own tracker
+by dotted path, a tracker that fails, what is refused before a run (an unknown tracker, a bad option, a missing
+optional dependency, a tracker given twice), the old ``output.tensorboard`` flag. Each built-in tracker, read back
+with its own tools: tests/test_tensorboard.py, test_mlflow.py, test_wandb.py."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,25 +15,12 @@ import pytest
 import fedsim
 from fedsim.errors import ConfigError
 from tests.conftest import small_config
+from tests.tracker_support import ROUNDS, numbers_by_round, tracked_run
 
-ROUNDS = 2
 PLUGIN = "tests.plugins.call_log_tracker:CallLog"
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def tracked_run(tmp_path: Path, *trackers: Any) -> fedsim.Run:
-    raw = small_config(tmp_path, train={"rounds": ROUNDS}, eval={"every": 1})
-    raw["output"].update(run_dir=str(tmp_path / "run"), trackers=list(trackers))
-    return fedsim.run(raw)
-
-
-def numbers_by_round(run: fedsim.Run) -> dict[str, dict[int, float]]:
-    """metrics.jsonl's numbers, key -> {round: value}: what every tracker must have recorded."""
-    frame = run.metrics
-    keys = [k for k in frame.columns if k != "round" and frame[k].map(lambda v: isinstance(v, float)).all()]
-    return {k: {int(r): float(v) for r, v in frame[k].items()} for k in keys}
 
 
 def test_a_users_tracker_gets_config_every_round_files_and_close_in_order(tmp_path: Path) -> None:
@@ -85,90 +72,6 @@ def test_a_tracker_given_twice_is_refused_before_the_run(tmp_path: Path, twice: 
     with pytest.raises(ConfigError, match=r"^output.trackers\[1\]: .*output.trackers\[0\]"):
         tracked_run(tmp_path, *twice)
     assert not (tmp_path / "run").exists()
-
-
-def test_tensorboard_scalars_read_back(tmp_path: Path) -> None:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    run = tracked_run(tmp_path, "tensorboard")
-    events = EventAccumulator(str(run.dir / "tb"))
-    events.Reload()
-    for key, by_round in numbers_by_round(run).items():
-        recorded = {e.step: e.value for e in events.Scalars(key)}
-        assert recorded == pytest.approx(by_round, rel=1e-6)  # TensorBoard stores float32
-
-
-@pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="pip install 'fedsim[mlflow]'")
-@pytest.mark.slow
-def test_mlflow_store_read_back_with_mlflows_client(tmp_path: Path) -> None:
-    from mlflow.tracking import MlflowClient
-
-    run = tracked_run(tmp_path, "mlflow")
-    client = MlflowClient(tracking_uri=f"sqlite:///{run.dir / 'mlflow.db'}")
-    (experiment,) = [e for e in client.search_experiments() if e.name == "t"]
-    (record,) = client.search_runs([experiment.experiment_id])
-    assert record.info.status == "FINISHED" and record.info.run_name == "run"
-    assert record.data.params["train.rounds"] == str(ROUNDS) and record.data.params["strategy.name"] == "fedavg"
-    for key, by_round in numbers_by_round(run).items():
-        history = client.get_metric_history(record.info.run_id, key)
-        assert {m.step: m.value for m in history} == by_round
-    assert sorted(a.path for a in client.list_artifacts(record.info.run_id)) == [
-        "config.yaml", "partition.csv", "summary.json",
-    ]  # fmt: skip
-
-
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="pip install 'fedsim[wandb]'")
-@pytest.mark.slow
-def test_wandb_offline_run_read_back_with_wandbs_reader(tmp_path: Path) -> None:
-    run = tracked_run(tmp_path, "wandb")
-    (log,) = (run.dir / "wandb").glob("offline-run-*/run-*.wandb")
-    # W&B's own reader of its offline log: one JSON record per line
-    out = subprocess.run(["wandb", "leet", "inspect", "--json", str(log)], capture_output=True, text=True,
-                         timeout=120, check=True).stdout  # fmt: skip
-    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    history = {r["history"]["item"]["_step"]: r["history"]["item"] for r in records if r["type"] == "history"}
-    for key, by_round in numbers_by_round(run).items():
-        assert {step: item[key] for step, item in history.items() if key in item} == by_round
-    config = {}
-    for r in records:  # the run's first record and later updates
-        update = (r.get("run", {}).get("config") or r.get("config") or {}).get("update", {})
-        config.update(update)
-    assert config["train.rounds"] == ROUNDS and config["model.norm.name"] == "ln"
-    saved = {f["path"] for r in records if r["type"] == "files" for f in r["files"]["files"]}
-    assert {"config.yaml", "partition.csv", "summary.json"} <= saved
-
-
-@pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="pip install 'fedsim[mlflow]'")
-@pytest.mark.slow
-def test_a_resumed_run_continues_its_mlflow_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flwr.app import ArrayRecord
-    from mlflow.tracking import MlflowClient
-
-    from fedsim.server.reporter import RoundReporter
-
-    report = RoundReporter.round_done
-
-    def interrupt_in_round_2(self: RoundReporter, server_round: int, arrays: ArrayRecord, *facts: Any) -> Any:
-        if server_round == 2:  # after round 1's metrics and checkpoint: Ctrl-C
-            raise KeyboardInterrupt
-        return report(self, server_round, arrays, *facts)
-
-    raw = small_config(tmp_path, train={"rounds": ROUNDS}, eval={"every": 1})
-    raw["output"].update(run_dir=str(tmp_path / "run"), trackers=["mlflow"], checkpoint_every=1)
-    monkeypatch.setattr(RoundReporter, "round_done", interrupt_in_round_2)
-    with pytest.raises(KeyboardInterrupt):
-        fedsim.run(raw)
-    monkeypatch.undo()
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}")
-    (stopped,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    assert stopped.info.status == "FAILED"  # closed, however the run ended
-
-    run = fedsim.resume(tmp_path / "run")
-    (record,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    assert record.info.run_id == stopped.info.run_id and record.info.status == "FINISHED"
-    history = client.get_metric_history(record.info.run_id, "client_mean_acc")
-    assert sorted(m.step for m in history) == [1, 2]
-    assert {m.step: m.value for m in history} == numbers_by_round(run)["client_mean_acc"]
 
 
 def test_the_old_tensorboard_flag_is_the_tracker_with_a_warning(tmp_path: Path) -> None:
