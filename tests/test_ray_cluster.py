@@ -446,13 +446,6 @@ def test_an_address_that_is_not_a_ray_cluster_is_one_line_within_the_bound(tmp_p
     assert not (tmp_path / "runs").exists()
 
 
-def test_auto_follows_ray_address_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{free_port()}")
-    cfg = parse_config(small_config(tmp_path, **on_cluster("auto", "local")))
-    with pytest.raises(ConfigError, match=r"simulation\.ray_address\b.*'auto'.*127\.0\.0\.1"):
-        check_ray_address(cfg)
-
-
 def test_address_with_inline_clients_is_an_error(tmp_path: Path) -> None:
     cfg = parse_config(small_config(tmp_path, simulation={"ray_address": "127.0.0.1:6379"}))
     with pytest.raises(ConfigError, match=r"simulation\.ray_address\b.*simulation\.backend: ray"):

@@ -73,7 +73,7 @@ def probe_cluster(address: str, field: str = FIELD) -> None:
     from ray._private.services import resolve_ip_for_localhost
 
     host, port = cluster_endpoint(address, field)
-    client = address.startswith("ray://")
+    client = (_auto_address(field) if address == "auto" else address).startswith("ray://")  # as ray.init follows auto
     dialled = host if client else resolve_ip_for_localhost(host)  # as ray.init dials a GCS
     endpoint = host_port(dialled, port)
     at = endpoint if dialled == host else f"{host_port(host, port)} (Ray dials it at this host's address, {endpoint})"
