@@ -230,13 +230,16 @@ class EvalConfig(_Strict):
 
     @model_validator(mode="after")
     def _personal_on_evaluations(self) -> EvalConfig:
-        if (personal := self.personal.every) is not None and self.personal.steps is None:
-            raise ValueError(
-                f"eval.personal.every = {personal} is given but eval.personal.steps is null (personalised evaluation "
-                "off): set eval.personal.steps (0 or more), or remove eval.personal.every"
-            )
+        # the fine-tuning's options mean nothing with it off: one given would be a measurement believed made
+        defaults = PersonalEvalConfig()
+        for key in ("every", "lr", "params"):
+            if self.personal.steps is None and (value := getattr(self.personal, key)) != getattr(defaults, key):
+                raise ValueError(
+                    f"eval.personal.{key} = {value!r} is given but eval.personal.steps is null (personalised "
+                    f"evaluation off): set eval.personal.steps (0 or more), or remove eval.personal.{key}"
+                )
         # a personalised round that is not an evaluation round would never be scored
-        if personal is not None and personal % self.every:
+        if (personal := self.personal.every) is not None and personal % self.every:
             raise ValueError(
                 f"eval.personal.every = {personal} must be a multiple of eval.every ({self.every}): personalised "
                 "accuracy is scored at evaluations"
@@ -419,7 +422,7 @@ class DiagnosticsConfig(_Strict):
         "whole test set when it is smaller; a size the test set cannot give is refused)",
     )
     isometry_size: int = Field(
-        10, ge=2, description="the first isometry_size probe images form the Gram (keep <= every layer width)"
+        10, ge=2, description="the first isometry_size probe images form the Gram (at most every layer's width)"
     )
 
     @model_validator(mode="after")

@@ -21,6 +21,7 @@ from pydantic import Field
 
 from fedsim import wire
 from fedsim.arrays import copy_into, dump_arrays, load_arrays
+from fedsim.errors import ConfigError
 from fedsim.models import FedsimModel
 from fedsim.norms import norm_modules
 from fedsim.strategies.aggregation import PartialAveraging
@@ -74,6 +75,17 @@ class FedBNSpec(StrategySpec):
         evaluate: Literal["local", "shared"] = Field(
             "local", description="score each client's personalised model (local) or the global one (shared)"
         )
+
+    def adapt_model(self, model: FedsimModel, seed: int) -> FedsimModel:
+        """``model`` as it is, once it has normalisation tensors to keep: without any, FedBN is FedAvg number for
+        number, and a table would show a FedBN row that is not one."""
+        if not local_keys(model):
+            raise ConfigError(
+                "model.norm: strategy 'fedbn' keeps each client's normalisation weights and statistics, and this "
+                "model has none (norm none, or a normaliser without weights or running statistics): it would be "
+                "FedAvg under another name; give model.norm bn, gn or ln (with affine weights), or strategy fedavg"
+            )
+        return model
 
     def server(self, setup: ServerSetup) -> PartialAveraging:
         return PartialAveraging(**EVERY_NODE)

@@ -137,6 +137,16 @@ CASES: dict[str, Case] = {
     "eval-personal-every-without-steps": run(
         "eval.personal.every=10", expect=("eval.personal.every = 10 is given but eval.personal.steps is null",)
     ),
+    # the fine-tuning's options with the fine-tuning off: accepted and ignored, before
+    "eval-personal-lr-without-steps": run(
+        "eval.personal.lr=0.5",
+        expect=("eval.personal.lr = 0.5 is given but eval.personal.steps is null (personalised evaluation off): set "
+                "eval.personal.steps (0 or more), or remove eval.personal.lr",),
+    ),  # fmt: skip
+    "eval-personal-params-without-steps": run(
+        "eval.personal.params=classifier",
+        expect=("eval.personal.params = 'classifier' is given but eval.personal.steps is null",),
+    ),
     "eval-personal-every-zero": run(
         "eval.personal.every=0", expect=("eval.personal.every", "greater than or equal to 1")
     ),
@@ -242,6 +252,14 @@ CASES: dict[str, Case] = {
     # --- diagnostics
     "probe-one": run("diagnostics.probe_size=1", expect=("diagnostics.probe_size",)),
     "isometry-above-probe": run("diagnostics.isometry_size=300", expect=("isometry_size = 300 must be <= probe_size",)),
+    # a Gram of more samples than a layer's width is singular: isometry 0 recorded for any model, before
+    "isometry-above-a-layer-width": run(
+        "diagnostics.isometry=true",
+        "model={name: mlp, hidden: [4]}",
+        expect=("diagnostics.isometry_size = 10 is more than the 4 features layer 'classifier' takes (a Gram of 10 "
+                "samples of 4 features is singular: isometry 0 for any model); give at most 4",),
+        creates=True,  # checked on the model as the run builds its diagnostics, before round 1
+    ),  # fmt: skip
     "probe-above-test-set": run(
         "diagnostics.features=true", "diagnostics.probe_size=100000", expect=("probe_size = 100000", "1000")
     ),
@@ -311,7 +329,16 @@ CASES: dict[str, Case] = {
         ),
         setup="channels_first_npz",
     ),
-    # an alpha channel that is 255 everywhere: dividing by its std of 0 made every input NaN
+    # an alpha channel that is 255 everywhere: dividing by its std of 0 made every input NaN; one pixel off it, a
+    # std of 2e-5 blew the test images up 10^4-fold
+    "normalize-a-near-constant-channel": run(
+        "data.root={tmp}/rgba.npz",
+        "data.normalize=true",
+        expect=("data.normalize: true divides each channel of the training images by its std, and channel 2 has std ",
+                ", under one grey level (1/255), channel 3 holds 255 in every pixel (std 0); set data.normalize: "
+                "false"),
+        setup="near_constant_npz",
+    ),  # fmt: skip
     "normalize-a-constant-channel": run(
         "data.root={tmp}/rgba.npz",
         "data.normalize=true",
@@ -319,6 +346,25 @@ CASES: dict[str, Case] = {
                 "255 in every pixel (std 0); set data.normalize: false",),
         setup="rgba_npz",
     ),  # fmt: skip
+    # a partitioner plugin's split with a bug: accepted and trained on, before (tests/plugins/odd_partitions.py)
+    "partition-index-repeated": run(
+        "partition={name: 'tests.plugins.odd_partitions:Repeats'}",
+        expect=("partition: 'tests.plugins.odd_partitions:Repeats' gave client 0 training index 0 ",
+                " times: each image once per client"),
+    ),  # fmt: skip
+    "partition-index-negative": run(
+        "partition={name: 'tests.plugins.odd_partitions:OffByOne'}",
+        expect=("gave client 0 training index -1, outside 0..", " (the training images)"),
+    ),
+    "partition-boolean-masks": run(
+        "partition={name: 'tests.plugins.odd_partitions:Masks'}",
+        expect=("gave client 0's training indices as a bool array of shape (", "), not a 1-D array of integer "
+                "indices into the training images"),
+    ),  # fmt: skip
+    "partition-a-client-short": run(
+        "partition={name: 'tests.plugins.odd_partitions:OneShort'}",
+        expect=("arrays of training indices for ", " clients (train.num_clients): one per client"),
+    ),
     "npz-class-control-character": run(
         "data.root={tmp}/ctl.npz", expect=("'a\\nb'", "holds the control character"), setup="control_class_npz"
     ),
@@ -490,6 +536,13 @@ CASES: dict[str, Case] = {
     "fedyogi-scope-unknown": run("strategy={name: fedyogi, scope: some}", expect=("strategy.scope",)),
     "scaffold-weighting-unknown": run("strategy={name: scaffold, weighting: random}", expect=("strategy.weighting",)),
     "fedbn-evaluate-unknown": run("strategy={name: fedbn, evaluate: both}", expect=("strategy.evaluate",)),
+    # FedBN on a model with no normalisation tensors: FedAvg's numbers under FedBN's name, before
+    "fedbn-without-norm-tensors": run(
+        "strategy.name=fedbn",
+        "model.norm={name: ln, affine: false}",
+        expect=("model.norm: strategy 'fedbn' keeps each client's normalisation weights and statistics, and this "
+                "model has none (norm none, or a normaliser without weights or running statistics)",),
+    ),  # fmt: skip
     "fedexp-epsilon-zero": run(
         "strategy={name: fedexp, epsilon: 0}",
         expect=("strategy.epsilon = 0 for strategy 'fedexp': Input should be greater than 0",),
@@ -1296,6 +1349,13 @@ def _channels_first_npz(tmp: Path) -> None:
 def _rgba_npz(tmp: Path) -> None:
     x = np.random.default_rng(0).integers(0, 256, (20, 8, 8, 4), dtype=np.uint8)
     x[..., 3] = 255
+    _npz(tmp / "rgba.npz", x_train=x, x_test=x)
+
+
+def _near_constant_npz(tmp: Path) -> None:
+    x = np.random.default_rng(0).integers(0, 256, (20, 8, 8, 4), dtype=np.uint8)
+    x[..., 2:] = 255
+    x[0, 0, 0, 2] = 254
     _npz(tmp / "rgba.npz", x_train=x, x_test=x)
 
 

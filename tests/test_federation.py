@@ -129,18 +129,29 @@ def test_channel_statistics_are_the_training_images_mean_and_sample_std_per_chan
 
 
 @pytest.mark.parametrize("value", [0, 1, 77, 254, 255])
-def test_a_channel_of_one_value_is_refused_naming_it_and_one_pixel_apart_has_its_small_std(value: int) -> None:
+def test_a_channel_under_one_grey_level_of_spread_is_refused_naming_it(value: int) -> None:
     """A sum of squares less n·mean² gave 0, NaN or about 1e-9 for a constant channel, which the inputs were then
-    divided by; the deviations from the mean give the exact spread, and a spread of 0 is refused."""
+    divided by; a channel one pixel off constant has a std of 1/(255·√n), which blew a test image up 10⁴-fold."""
     x = images(5000, (3, 4, 4), 5)
     x[:, 1] = value
     ds = ArrayDataset(x, torch.zeros(5000, dtype=torch.int64), x[:2], torch.zeros(2, dtype=torch.int64), ["c"], "rgb")
     with pytest.raises(DataError, match=rf"^data\.normalize: .*\bchannel 1 holds {value} in every pixel \(std 0\)"):
         federation_of(ds, [list(range(5000))], [[0]]).input_transform(normalize=True)
     x[17, 1, 2, 3] = value + 1 if value < 255 else value - 1  # one pixel of 80,000 one step apart
-    _, std = federation_of(ds, [list(range(5000))], [[0]]).channel_stats
-    n = 5000 * 16  # n - 1 squared deviations of 1/(255 n) and one of (n - 1)/(255 n): sum (n - 1)/(255² n)
-    torch.testing.assert_close(std[1], torch.tensor(((n - 1) / (255**2 * n) / (n - 1)) ** 0.5).float())
+    n = 5000 * 16  # n - 1 deviations of 1/(255 n) and one of (n - 1)/(255 n): a sum of squares of (n - 1)/(255² n)
+    with pytest.raises(DataError, match=rf"\bchannel 1 has std {1 / (255 * n**0.5):.2g}, under one grey level"):
+        federation_of(ds, [list(range(5000))], [[0]]).input_transform(normalize=True)
+
+
+def test_a_channel_one_grey_level_either_side_of_its_mean_is_standardised_by_that_std() -> None:
+    x = images(5000, (3, 4, 4), 6)
+    x[:, 2] = 100
+    x[::2, 2] = 102  # every other image: values 100 and 102, each 1/255 from the mean of 101/255
+    ds = ArrayDataset(x, torch.zeros(5000, dtype=torch.int64), x[:2], torch.zeros(2, dtype=torch.int64), ["c"], "rgb")
+    mean, std = federation_of(ds, [list(range(5000))], [[0]]).channel_stats
+    n = 5000 * 16
+    torch.testing.assert_close(mean[2], torch.tensor(101 / 255))
+    torch.testing.assert_close(std[2], torch.tensor((n / (n - 1)) ** 0.5 / 255))
 
 
 def test_a_client_is_its_partitions_rows_of_both_splits() -> None:

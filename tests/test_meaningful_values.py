@@ -110,6 +110,14 @@ CASES: dict[str, corpus.Case] = {
             "a round samples 2 (train.clients_per_round): a round may train nothing",
         ),
     ),
+    "round-may-score-nothing": run(
+        "train.num_clients=3000",
+        "eval.clients=2",
+        expect=(
+            " of 3,000 clients get no test images (client ",
+            "a round samples 2 (eval.clients): a round may score nothing; score more clients per round",
+        ),
+    ),
     # --- resources bounded by the machine
     "threads-a-million": run(
         "simulation.threads=1000000",

@@ -289,6 +289,27 @@ def test_a_split_where_a_round_may_train_nothing_is_refused(
         assert [len(p) for p in experiment.federation().partition.train] == [5000, 0, 0, 0]
 
 
+class NoTestButFirst(Partitioner):
+    """Every client trains on a quarter of the images; only client 0 has test images."""
+
+    def assign(self, labels: Labels, num_clients: int, rng: np.random.Generator) -> Partition:
+        empty = [np.array([], dtype=np.int64)] * (num_clients - 1)
+        train = list(np.array_split(np.arange(len(labels.train)), num_clients))
+        return Partition(train, [np.arange(len(labels.test))] + empty)
+
+
+@pytest.mark.parametrize(("scored", "refused"), [(None, False), (4, False), (3, True), (1, True)])
+def test_a_split_where_a_round_may_score_nothing_is_refused(tmp_path: Path, scored: int | None, refused: bool) -> None:
+    # clients 1, 2, 3 get no test images: eval.clients of 3 or fewer may draw only them (a ZeroDivisionError in
+    # the strategy's aggregate_evaluate at that round, before); of all 4, never
+    experiment = resolve(config(tmp_path, partition=f"{HERE}:NoTestButFirst", eval={"clients": scored}))
+    if refused:
+        with pytest.raises(DataError, match=r"no test images .*\(eval\.clients\)"):
+            experiment.federation()
+    else:
+        assert [len(p) > 0 for p in experiment.federation().partition.test] == [True, False, False, False]
+
+
 def test_a_dataset_a_run_cannot_learn_from_is_refused_naming_it(tmp_path: Path) -> None:
     experiment = resolve(config(tmp_path, data={"dataset": f"{HERE}:OneClass"}, partition="iid"))
     with pytest.raises(DataError, match=r"^dataset 'one'"):

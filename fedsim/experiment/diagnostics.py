@@ -123,6 +123,18 @@ def layer_inputs(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
     return seen
 
 
+def check_isometry_size(model: nn.Module, x: torch.Tensor, size: int) -> None:
+    """Refuse an isometry Gram of ``size`` samples for a layer whose input (on ``x``) has fewer features: its
+    ``size`` x ``size`` Gram has rank at most the width, a determinant of 0, and I = 0 for any model."""
+    model.eval()
+    if narrow := [(name, f.shape[1]) for name, f in layer_inputs(model, x).items() if f.shape[1] < size]:
+        name, width = min(narrow, key=lambda layer: layer[1])
+        raise ConfigError(
+            f"diagnostics.isometry_size = {size} is more than the {width} features layer {name!r} takes (a Gram of "
+            f"{size} samples of {width} features is singular: isometry 0 for any model); give at most {width}"
+        )
+
+
 def grad_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
     """‖∂L/∂θ‖₂ per parameter tensor for the mean cross-entropy L on (x, y); ``.grad`` untouched."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -185,6 +197,8 @@ class ProbeDiagnostics:
             model = experiment.build_model()
         n = probe_images(d, len(ds.y_test))
         x = fed.input_transform(cfg.data.normalize)(ds.x_test[:n])  # what the clients see
+        if d.isometry:
+            check_isometry_size(model, x[:1], d.isometry_size)
         return cls(d, model, x, ds.y_test[:n])
 
     def at_init(self, arrays: ArrayRecord, seed: int = 0) -> None:

@@ -91,24 +91,29 @@ class Federation:
     def channel_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-channel mean and std of the training images in [0, 1], in chunks (no float copy of all): the mean
         first, then the squared deviations from it, so each variance is a sum of non-negative terms (a sum of
-        squares less n·mean² cancels to 0, or below it, on a near-constant channel). A channel that holds one
-        value has no spread to divide by, and is refused with the field that asks for it."""
+        squares less n·mean² cancels to 0, or below it, on a near-constant channel). A channel whose std is under
+        one grey level (1/255) has next to no spread to divide by: a pixel one level off lands beyond a standard
+        deviation, and a test image that differs from the training ones far beyond; it is refused, naming the field
+        that asks for the division."""
         x = self.dataset.x_train
         chunks = [x[start : start + 4096] for start in range(0, len(x), 4096)]
-        low = torch.stack([c.amin((0, 2, 3)) for c in chunks]).amin(0)
-        high = torch.stack([c.amax((0, 2, 3)) for c in chunks]).amax(0)
-        flat = [int(c) for c in torch.nonzero(low == high).flatten()]
-        if flat:
-            values = ", ".join(f"channel {c} holds {int(low[c])} in every pixel" for c in flat)
-            raise DataError(
-                f"data.normalize: true divides each channel of the training images by its std, and {values} "
-                "(std 0); set data.normalize: false, or drop the channel from the dataset"
-            )
         n = len(x) * x.shape[2] * x.shape[3]
         mean = sum(c.double().div_(255).sum((0, 2, 3)) for c in chunks) / n
         centred = mean.view(1, -1, 1, 1)
         squares = sum(c.double().div_(255).sub_(centred).square_().sum((0, 2, 3)) for c in chunks)
-        return mean.float(), (squares / (n - 1)).sqrt().float()
+        std = (squares / (n - 1)).sqrt()
+        if flat := [int(c) for c in torch.nonzero(std < 1 / 255).flatten()]:
+            low = torch.stack([c.amin((0, 2, 3)) for c in chunks]).amin(0)
+            high = torch.stack([c.amax((0, 2, 3)) for c in chunks]).amax(0)
+            said = ", ".join(
+                f"channel {c} holds {int(low[c])} in every pixel (std 0)" if low[c] == high[c] else f"channel {c} has "
+                f"std {float(std[c]):.2g}, under one grey level (1/255)" for c in flat
+            )  # fmt: skip
+            raise DataError(
+                f"data.normalize: true divides each channel of the training images by its std, and {said}; set "
+                "data.normalize: false, or drop the channel from the dataset"
+            )
+        return mean.float(), std.float()
 
     def input_transform(self, normalize: bool) -> InputTransform:
         return InputTransform(self.channel_stats if normalize else None)

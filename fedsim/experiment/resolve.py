@@ -56,7 +56,8 @@ class Experiment:
         fed = load_federation(self.config, self.loader, self.partitioner)
         if fed.dataset is not None:
             check_classes(fed.dataset)
-            check_participation(fed.partition, self.config.train.clients_per_round or self.config.train.num_clients)
+            train, n = self.config.train, self.config.train.num_clients
+            check_participation(fed.partition, train.clients_per_round or n, self.config.eval.clients or n)
             if self.config.data.normalize:
                 fed.input_transform(normalize=True)  # the channels' statistics, computed once, here
         return fed
