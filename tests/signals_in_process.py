@@ -30,9 +30,7 @@ from fedsim.processes import (
     sigterm_raised,
 )
 from tests.conftest import REPO
-
-PY = sys.executable
-WAIT_S = 60.0  # for what takes milliseconds: a loaded machine starts a Python in well under a second
+from tests.test_processes import PY, WAIT_S
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from PIL import Image
 
 from fedsim.data.tinyimagenet import URL, load_tinyimagenet
 from fedsim.errors import DataError
+from tests.data_fixtures import write_dir
 
 WNIDS = ["n03", "n01", "n02"]  # written out of sorted order: labels follow the sorted wnids
 VAL = {"val_0.JPEG": "n02", "val_1.JPEG": "n01", "val_2.JPEG": "n03", "val_3.JPEG": "n01"}
@@ -52,13 +53,6 @@ def as_zip(path: Path, files: dict[str, bytes]) -> Path:
     return path
 
 
-def as_folder(root: Path, files: dict[str, bytes]) -> Path:
-    for name, data in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_bytes(data)
-    return root
-
-
 def test_train_from_the_class_folders_test_from_the_annotated_val_images(tmp_path: Path) -> None:
     ds = load_tinyimagenet(as_zip(tmp_path / "tiny-imagenet-200.zip", tiny_files()), tmp_path / "cache")
     assert ds.classes == ["n01", "n02", "n03"] and ds.name == "tinyimagenet"
@@ -74,7 +68,7 @@ def test_train_from_the_class_folders_test_from_the_annotated_val_images(tmp_pat
 
 def test_the_folder_it_unzips_to_gives_the_zips_arrays(tmp_path: Path) -> None:
     from_zip = load_tinyimagenet(as_zip(tmp_path / "t.zip", tiny_files()), tmp_path / "cache")
-    from_folder = load_tinyimagenet(as_folder(tmp_path / "tiny-imagenet-200", tiny_files()), tmp_path / "cache")
+    from_folder = load_tinyimagenet(write_dir(tmp_path / "tiny-imagenet-200", tiny_files()), tmp_path / "cache")
     for field in ("x_train", "y_train", "x_test", "y_test"):
         assert getattr(from_zip, field).equal(getattr(from_folder, field))
     assert from_folder.classes == from_zip.classes
