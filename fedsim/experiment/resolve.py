@@ -51,8 +51,8 @@ class Experiment:
         """The dataset and its split (decoded and split once per process), refused if a run cannot learn from
         it and score it or a round may train nothing (:func:`fedsim.data.base.check_classes`,
         :func:`fedsim.partitions.base.check_participation`), or if ``data.normalize`` would divide by a channel's
-        std of 0 (:attr:`Federation.channel_stats`). A dataset generated per client is its own federation (checked
-        with the config: :func:`check_generated`)."""
+        std under one grey level (:attr:`Federation.channel_stats`). A dataset generated per client is its own
+        federation (checked with the config: :func:`check_generated`)."""
         fed = load_federation(self.config, self.loader, self.partitioner)
         if fed.dataset is not None:
             check_classes(fed.dataset)
