@@ -74,15 +74,17 @@ def check_legacy(
     if recorded is not None and recorded != config_checksum(read_yaml(path / CONFIG, "the run's config.yaml")):
         raise differs(CONFIG_SHA256, CONFIG)
     if record.get(METRICS_LINES) is not None:
-        covered = metrics[: counted(METRICS_LINES)]
-        if len(covered) != record[METRICS_LINES] or metrics_checksum(covered) != record.get(METRICS_SHA256):
+        lines = counted(METRICS_LINES)
+        covered = metrics[:lines]
+        if len(covered) != lines or metrics_checksum(covered) != record.get(METRICS_SHA256):
             raise differs(METRICS_SHA256, "metrics.jsonl")
         if name == SUMMARY and len(metrics) != len(covered):
             raise differs(METRICS_LINES, "metrics.jsonl")
     elif name == SUMMARY:
         covered = metrics
     else:
-        covered = [line for line in metrics if line["round"] <= counted("round")]
+        last = counted("round")
+        covered = [line for line in metrics if line["round"] <= last]
     if partition is not None and record.get(PARTITION_SHA256) not in (None, partition_checksum(*partition)):
         raise differs(PARTITION_SHA256, "partition.csv")
     if model is not None and record.get(MODEL_SHA256) not in (None, digest(model)):
