@@ -61,6 +61,25 @@ def named(title: str):  # type: ignore[no-untyped-def]
     return found
 
 
+def why_not_yet(proc: subprocess.Popen[str], seen: set[Process]) -> str:  # type: ignore[type-arg]
+    """What a run that did not get as far as awaited was doing: the processes it had started, the end of its
+    Ray instance's logs, then (stopped by SIGTERM, or SIGKILL where that is not heeded) its stderr."""
+    started = sorted({cmdline(p[0]).split(b"\0")[0].decode(errors="replace") for p in seen if alive(p)})
+    logs = [
+        f"{log}: {log.read_text(errors='replace')[-2000:]}"
+        for session in Path("/tmp/ray").glob(f"session_*_{proc.pid}")
+        for log in sorted((session / "logs").glob("*"))
+        if log.is_file() and log.stat().st_size and log.name.startswith(("raylet", "gcs_server", "worker-"))
+    ]
+    proc.send_signal(signal.SIGTERM)
+    try:
+        err = proc.communicate(timeout=120)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        err = proc.communicate()[1]
+    return "\n".join([f"running: {started}", *logs, f"stderr: {err[-3000:]}"])
+
+
 def has_thread(pid: int, name: str) -> bool:
     """True while process ``pid`` has a thread named ``name``."""
     try:
@@ -114,7 +133,7 @@ def test_a_run_on_ray_stopped_mid_way_leaves_nothing_running(
 ) -> None:
     proc = start_run(tmp_path, **engine)
     seen = run_until(proc, named(clients), timeout=300)  # Ray up, its agents too, the clients' actors started
-    assert named(clients)(seen), proc.communicate(timeout=60)[1][-3000:]
+    assert named(clients)(seen), why_not_yet(proc, seen)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     if sig == signal.SIGTERM:  # one line (after what the engine logged while it ran), not Ray's exit 15 and dump
@@ -161,7 +180,7 @@ def test_a_signal_while_inline_clients_train_is_one_line(tmp_path: Path, sig: si
 def test_a_signal_while_ray_starts_is_one_line_and_leaves_nothing_running(tmp_path: Path, sig: signal.Signals) -> None:
     proc = start_run(tmp_path, simulation={"backend": "ray", "threads": 1})
     seen = run_until(proc, lambda _: has_thread(proc.pid, "worker.io"), timeout=300)
-    assert has_thread(proc.pid, "worker.io"), proc.communicate(timeout=60)[1][-3000:]
+    assert has_thread(proc.pid, "worker.io"), why_not_yet(proc, seen)
     proc.send_signal(sig)
     seen |= run_until(proc, lambda _: False, timeout=120)  # and what ray.init starts after the signal
     _, err = proc.communicate(timeout=60)
