@@ -1,6 +1,7 @@
-"""The wording of every line fedsim says when a run meets a fault while it runs (a Ray worker or head lost, a
-driver gone, a model that diverged, a signal), in one table: rewording one of those messages edits its row here
-and nothing else. Bad input's wording is the corpus of tests/test_bad_inputs.py.
+"""The wording of every line fedsim says when a run meets a fault while it runs (a Ray worker or head lost, a driver
+gone, a model that diverged, a signal) or in the process's environment (a deleted working directory, a temp directory
+Ray cannot use, a library that does not load, an address-space limit), in one table: rewording one of those messages
+edits its row here and nothing else. Bad input's wording is the corpus of tests/test_bad_inputs.py.
 
 Each row is a regular expression with ``{fields}``; a test that provokes the fault fills them in with expressions
 of its own (``re.escape`` for paths) through :func:`fault_line` or :func:`assert_said`. The ``...kept`` rows are
@@ -21,6 +22,9 @@ HEAD_ANSWERS = (
 RESUME = r"fedsim run --resume {run_dir} continues it"
 WORKER_SILENT = r"their Ray worker sent no reply within train\.round_timeout_s = {timeout} s"
 REPLACED = r"; a new one serves them, their client state \(Context\.state\) starting empty"
+WITHOUT_RAY = r"or run the clients in this process \(engine: local, simulation\.backend: inline\)"
+RAISE_LIMIT = r"raise it \(ulimit -v unlimited\) and run again"
+AS_LIMIT = r"the address-space limit \(ulimit -v {kib} KiB\)"
 
 LINES: dict[str, str] = {
     # where a stopped run stands on disk (fedsim/record/claim.py, fedsim/server/checkpoint.py, driver_watch.py)
@@ -63,6 +67,23 @@ LINES: dict[str, str] = {
     # a deployment's processes: fedsim/deploy/
     "superlink exited": r"fedsim: error: the SuperLink exited.*",
     "serverapp ended": r"fedsim: error: .*its ServerApp process ended without a summary; the ServerApp's log: .+",
+    # the process's environment: fedsim/environment.py
+    "working directory gone": r"fedsim: error: the working directory no longer exists \(deleted or moved after the "
+    r"shell entered it\): cd into a directory that exists and run the command again",
+    "ray temp dir": r"fedsim: error: Ray's temp directory {temp}/ray \(from {variable}={temp}\) {why} set RAY_TMPDIR "
+    r"to a directory you can write, with a short path, " + WITHOUT_RAY,
+    "ray temp dir unwritable": r"cannot be written: {why};",
+    "ray temp dir too long": r"is too long a path for Ray's sockets \(at most {most} bytes\):",
+    "libraries over the limit": r"fedsim: error: fedsim's libraries \(torch, Flower\) do not load under "
+    + AS_LIMIT
+    + r" \(.+\): "
+    + RAISE_LIMIT,
+    "ray over the limit": r"fedsim: error: Ray did not start here \(.+\) under " + AS_LIMIT + r", too low for Ray's "
+    r"servers: " + RAISE_LIMIT + ", " + WITHOUT_RAY,
+    "library broken on LD_LIBRARY_PATH": r"fedsim: error: cannot load {library}: {why}; LD_LIBRARY_PATH puts {dir} "
+    r"first: take it out of LD_LIBRARY_PATH, or mend the library there",
+    "library missing": r"fedsim: error: cannot load {library}: {why}; reinstall it \(pip install --force-reinstall "
+    r"{dist}\)",
     "client failed, run stopped": r"fedsim: error: round {round}, training: client {client}: .+ "
     r"\(train\.on_client_failure: skip goes on without them\).*",
 }
