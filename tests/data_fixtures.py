@@ -1,7 +1,8 @@
 """Small datasets on disk for the data loaders' tests: a Keras-layout ``.npz`` (``write_npz``) and an ImageFolder
 tree of PNGs (``tree_files``: classes written out of sorted order, each image's pixels saying where it belongs) as a
-directory (``write_dir``) or a tar (``write_tar``). Used by tests/test_npz.py, tests/test_imagefolder.py,
-tests/test_data_base.py, tests/test_data.py and tests/test_data_integrity.py."""
+directory (``write_dir``) or a tar (``write_tar``); an npz's training labels permuted (``relabelled``: other data
+for a run's fingerprint). Used by tests/test_npz.py, tests/test_imagefolder.py, tests/test_data_base.py,
+tests/test_data.py, tests/test_data_integrity.py, tests/test_local.py and tests/test_bad_inputs.py."""
 
 from __future__ import annotations
 
@@ -65,3 +66,11 @@ def write_dir(root: Path, files: dict[str, bytes]) -> Path:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(data)
     return root
+
+
+def relabelled(source: Path, target: Path) -> None:
+    """``source``'s npz with its training labels permuted: the same images, other data."""
+    with np.load(source) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    arrays["y_train"] = np.random.default_rng(0).permutation(arrays["y_train"])
+    np.savez(target, **arrays)

@@ -27,7 +27,9 @@ import yaml
 
 from fedsim.app.cli import main
 from fedsim.record.layout import RECORD_VERSION
-from tests.conftest import make_sweep, small_config, write_config
+from fedsim.record.manifest import entry_of, summary_checksum
+from tests.conftest import MNIST_SMALL, make_sweep, small_config, write_config
+from tests.data_fixtures import relabelled
 
 
 @dataclass(frozen=True)
@@ -1111,7 +1113,36 @@ CASES: dict[str, Case] = {
     "local-unfinished": Case(
         ("local", "{tmp}/rd", "--client", "0", "--steps", "5"), ("not a finished run", "--resume"), setup="killed_run"
     ),  # fmt: skip
+    # a re-run with other --steps wrote over the last one's results in silence
+    "local-another-request": Case(
+        ("local", "{tmp}/rd", "--client", "2", "--steps", "2"),
+        ("{tmp}/rd/local-2 holds the results of another fedsim local request (--client 2 --steps 5 --every 1, "
+         "--set nothing); move or delete that directory to run this one",),
+        setup="another_local_request",
+    ),  # fmt: skip
+    # a seed edited after the run splits the data otherwise: client k's data would be another client's
+    "local-config-edited": Case(
+        ("local", "{tmp}/rd", "--client", "0", "--steps", "2"),
+        ("{tmp}/rd/config.yaml: not the file the run wrote (its sha256 in summary.json's files differs; edited "
+         "after the run, or another run's): restore the whole run directory, or move it out of the directories "
+         "given",),
+        setup="config_edited",
+    ),  # fmt: skip
+    "local-other-data": Case(
+        ("local", "{tmp}/rd", "--client", "0", "--steps", "2", "--set", "data.root={tmp}/relabelled.npz"),
+        ("data.root {tmp}/relabelled.npz holds other data than the run trained on (data_sha256 ",
+         "{tmp}/rd/summary.json recorded ", "...): refused; give the run the data it began with"),
+        setup="relabelled_data",
+    ),  # fmt: skip
     # --- fedsim plot
+    # local.json records the model it continued: the run run again since, or a local-<k>/ copied into another run
+    "plot-local-of-another-model": Case(
+        ("plot", "{tmp}/rd/local-1"),
+        ("{tmp}/rd/local-1: a continuation of another model than its run's (model_sha256 in local.json is not the "
+         "model.pt in {tmp}/rd/summary.json's files: the run was run again since, or this directory was copied from "
+         "another run's); move or delete it",),
+        setup="local_of_another_model",
+    ),  # fmt: skip
     "plot-missing-dir": Case(("plot", "{tmp}/none"), ("not a directory",)),
     "plot-no-runs": Case(("plot", "{tmp}"), ("no run directories",)),
     "plot-corrupt-metrics": Case(("plot", "{tmp}/rd"), ("metrics.jsonl, line 2",), setup="corrupt_metrics"),
@@ -1584,6 +1615,36 @@ def _older_record_metrics_short(tmp: Path) -> None:
 def _newer_record(tmp: Path) -> None:
     path = _run_dir(tmp) / "summary.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "record_version": RECORD_VERSION + 1}))
+
+
+def _another_local_request(tmp: Path) -> None:
+    run_dir = _run_dir(tmp)
+    model = json.loads((run_dir / "summary.json").read_text())["files"]["model.pt"]
+    request = {"run_dir": str(run_dir), "client": 2, "steps": 5, "every": 1, "classes": [7], "lr": 0.05,
+               "momentum": 0.0, "weight_decay": 0.0, "batch_size": 32, "augment": True, "overrides": [],
+               "model_sha256": model["sha256"]}  # fmt: skip
+    (run_dir / "local-2").mkdir()
+    (run_dir / "local-2" / "local.json").write_text(json.dumps(request))
+
+
+def _local_of_another_model(tmp: Path) -> None:
+    run_dir = _run_dir(tmp)
+    assert main(["local", str(run_dir), "--client", "1", "--steps", "2"]) == 0
+    state = torch.load(run_dir / "model.pt", weights_only=True)
+    torch.save({k: v + 1 for k, v in state.items()}, run_dir / "model.pt")  # another model, as the run's own
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["files"]["model.pt"] = entry_of((run_dir / "model.pt").read_bytes())
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "summary_sha256": summary_checksum(summary)}))
+
+
+def _config_edited(tmp: Path) -> None:
+    config = _run_dir(tmp) / "config.yaml"
+    config.write_text(config.read_text().replace("seed: 0\n", "seed: 1\n", 1))
+
+
+def _relabelled_data(tmp: Path) -> None:
+    _run_dir(tmp)
+    relabelled(MNIST_SMALL, tmp / "relabelled.npz")
 
 
 def _killed_run(tmp: Path) -> None:

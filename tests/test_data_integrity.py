@@ -16,7 +16,6 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from flwr.app import Context, Message
@@ -34,7 +33,7 @@ from fedsim.record.checkpoint import PAYLOAD, checkpoint_bytes
 from fedsim.record.layout import CHECKPOINT
 from fedsim.record.manifest import DATA_FINGERPRINT
 from tests.conftest import MNIST_SMALL, small_config, write_config
-from tests.data_fixtures import tree_files, write_tar
+from tests.data_fixtures import relabelled, tree_files, write_tar
 
 # ----------------------------------------------------------------- archives
 
@@ -164,14 +163,6 @@ def test_a_damaged_archive_stops_a_run_before_it_starts(tmp_path: Path, capsys: 
 
 
 # ----------------------------------------------------------------- the run's data fingerprint
-
-
-def relabelled(source: Path, target: Path) -> None:
-    """``source``'s npz with its training labels permuted: the same images, other data."""
-    with np.load(source) as npz:
-        arrays = {k: npz[k] for k in npz.files}
-    arrays["y_train"] = np.random.default_rng(0).permutation(arrays["y_train"])
-    np.savez(target, **arrays)
 
 
 def test_resume_refuses_other_data_than_the_run_trained_on(
