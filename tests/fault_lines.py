@@ -67,6 +67,13 @@ LINES: dict[str, str] = {
     # a deployment's processes: fedsim/deploy/
     "superlink exited": r"fedsim: error: the SuperLink exited.*",
     "serverapp ended": r"fedsim: error: .*its ServerApp process ended without a summary; the ServerApp's log: .+",
+    # what a run reads or writes while it runs: its data (fedsim/data/fingerprint.py), its disk (fedsim/files.py)
+    "other data": r"fedsim: error: data\.root {data} holds other data than the run trained on \(data_sha256 "
+    r"{now}\.\.\., {recorded_in} recorded {recorded}\.\.\.\): refused; give the run the data it began with",
+    "a node's other data": r"fedsim: error: node {node} \(partition {partition}\): data\.root {data} holds other data "
+    r"than the server's \(data_sha256 {theirs}\.\.\., the server's {ours}\.\.\.\): refused; give every node the data "
+    r"the server reads \(a SuperNode trains on what its host holds there\)",
+    "cannot write": r"fedsim: error: cannot write {path}: {why}; what was written before it is kept",
     # the process's environment: fedsim/environment.py
     "working directory gone": r"fedsim: error: the working directory no longer exists \(deleted or moved after the "
     r"shell entered it\): cd into a directory that exists and run the command again",
