@@ -67,6 +67,11 @@ LINES: dict[str, str] = {
     # a deployment's processes: fedsim/deploy/
     "superlink exited": r"fedsim: error: the SuperLink exited.*",
     "serverapp ended": r"fedsim: error: .*its ServerApp process ended without a summary; the ServerApp's log: .+",
+    # a plugin's code misbehaving: fedsim/plugin_guard.py, fedsim/server/contract.py
+    "plugin exited": r"{who} called {call} at {file}:\d+: a plugin cannot end the run \(raise an exception to stop "
+    r"it\)",
+    "hook overran": r"{who} did not return within train\.round_timeout_s = {timeout} s \(raise it if the hook needs "
+    r"longer\)",
     # what a run reads or writes while it runs: its data (fedsim/data/fingerprint.py), its disk (fedsim/files.py)
     "other data": r"fedsim: error: data\.root {data} holds other data than the run trained on \(data_sha256 "
     r"{now}\.\.\., {recorded_in} recorded {recorded}\.\.\.\): refused; give the run the data it began with",
