@@ -32,7 +32,6 @@ import ray
 
 from fedsim.config import RAY_HEAD_WAIT_S, RAY_PROBE_TIMEOUT_S, SimulationConfig
 from fedsim.config_file import parse_config
-from fedsim.engines import ray_pool
 from fedsim.engines.ray_address import check_ray_address
 from fedsim.engines.ray_cluster import RAY_SERVICES, head_gone, init_ray, workers_only
 from fedsim.engines.runner import OFFLINE_ENV, run
@@ -482,24 +481,6 @@ def test_a_head_back_within_the_bound_is_not_gone() -> None:
 def test_malformed_address_fails_at_parse(tmp_path: Path, address: str) -> None:
     with pytest.raises(ConfigError, match=r"simulation\.ray_address"):
         parse_config(small_config(tmp_path, **on_cluster(address, "local")))
-
-
-def test_pool_counts_what_fits_node_by_node(monkeypatch: pytest.MonkeyPatch) -> None:
-    head = {"Alive": True, "Resources": {"CPU": 16.0}}  # no GPU: holds no GPU client, whatever its CPUs
-    gpu_node = {"Alive": True, "Resources": {"CPU": 16.0, "GPU": 4.0}}
-    gone = {"Alive": False, "Resources": {"CPU": 16.0, "GPU": 4.0}}
-    monkeypatch.setattr(ray_pool.ray, "nodes", lambda: [head, gpu_node, gone])
-
-    def size(num_cpus: float, num_gpus: float, clients: int = 100) -> int:
-        sim = SimulationConfig(client_resources={"num_cpus": num_cpus, "num_gpus": num_gpus})
-        return ray_pool.pool_size(sim, clients)
-
-    assert size(2, 0.25) == 8  # the GPU node: min(16 / 2, 4 / 0.25); cluster totals would say 16
-    assert size(1, 0.1) == 16  # 4 / 0.1 = 40 GPU slots, 16 CPUs
-    assert size(2, 0) == 16  # CPU clients on both live nodes
-    assert size(2, 0, clients=5) == 5  # at most one per client
-    with pytest.raises(ConfigError, match=r"simulation\.client_resources\b"):
-        size(1, 8)  # more GPUs than any node has
 
 
 def forwarded(pid: int | str, line: str) -> dict[str, Any]:
