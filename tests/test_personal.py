@@ -18,7 +18,6 @@ from fedsim.app.cli import main
 from fedsim.config import EvalConfig
 from fedsim.config_file import parse_config, read_run_config
 from fedsim.data.batches import BatchStream
-from fedsim.deploy.launcher import deploy
 from fedsim.engines.runner import run
 from fedsim.errors import ConfigError
 from fedsim.experiment.resolve import resolve
@@ -27,8 +26,6 @@ from fedsim.record.checkpoint import _check_same_run as check_same_run
 from fedsim.strategies import ClientHooks, StrategySpec
 from fedsim.strategies.hooks import FineTune
 from tests.conftest import small_config
-from tests.test_deploy import assert_same_numbers
-from tests.test_resume import metrics
 
 WALL_CLOCK = ("time_s", "rss_mb")  # facts about the machine, not results
 
@@ -141,30 +138,6 @@ def test_personal_accuracy_reaches_the_report_and_the_api(tmp_path: Path, one_th
     assert shown["final client-mean acc %"] == f"{100 * summary['final_client_mean_acc']:.2f}"
     table = fedsim.open_sweep(run_dir.parent).table()
     assert table["final personal acc %"].tolist() == [shown["final personal acc %"]]
-
-
-@pytest.mark.slow
-@pytest.mark.long
-def test_personal_accuracy_is_the_same_inline_on_a_ray_pool_under_flower_and_deployed(tmp_path: Path) -> None:
-    personal = {"every": 1, "personal": {"steps": 3, "params": "classifier", "every": 2}}  # rounds 2 and 4
-    _, inline = run_lines(tmp_path, "inline", eval=personal)
-    assert [line["round"] for line in inline if "personal_acc" in line] == [2, 4] and len(inline) == 4
-    _, pool = run_lines(
-        tmp_path, "pool", eval=personal, simulation={"backend": "ray", "client_resources": {"num_cpus": 1}}
-    )
-    _, flower = run_lines(
-        tmp_path, "flower", eval=personal, engine="flower", simulation={"client_resources": {"num_cpus": 1}}
-    )
-    assert inline[-1]["personal_acc"] != inline[-1]["client_mean_acc"]
-    assert pool == inline  # Ray actors: bit for bit
-    assert flower == inline  # Flower's runtime: the same ClientApp, bit for bit
-    deployed = metrics(Path(deploy(parse_config(small_config(tmp_path, name="deploy", eval=personal)))["run_dir"]))
-    assert_same_numbers(deployed, inline)  # the SuperNodes' threads: tests/test_deploy.py
-    for d, i in zip(deployed, inline, strict=True):
-        if "client_personal_acc" not in i:  # a round the run does not personalise, on the SuperNodes too
-            assert "client_personal_acc" not in d
-            continue
-        assert d["client_personal_acc"] == pytest.approx(i["client_personal_acc"], abs=1e-6)
 
 
 class KeepsGlobalClient(ClientHooks):
