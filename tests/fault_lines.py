@@ -1,7 +1,8 @@
 """The wording of every line fedsim says when a run meets a fault while it runs (a Ray worker or head lost, a driver
-gone, a model that diverged, a signal) or in the process's environment (a deleted working directory, a temp directory
-Ray cannot use, a library that does not load, an address-space limit), in one table: rewording one of those messages
-edits its row here and nothing else. Bad input's wording is the corpus of tests/test_bad_inputs.py.
+gone, a model that diverged, a signal, a plugin that exits or overruns, other data than the run's, a disk that fails)
+or in the process's environment (a deleted working directory, a temp directory Ray cannot use, a library that does
+not load, an address-space limit), in one table: rewording one of those messages edits its row here and nothing else.
+Bad input's wording is the corpus of tests/test_bad_inputs.py.
 
 Each row is a regular expression with ``{fields}``; a test that provokes the fault fills them in with expressions
 of its own (``re.escape`` for paths) through :func:`fault_line` or :func:`assert_said`. The ``...kept`` rows are
