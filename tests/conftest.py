@@ -16,7 +16,9 @@ import pytest
 import torch
 import yaml
 
+from fedsim.app.local import local_dir
 from fedsim.record.layout import RECORD_VERSION
+from fedsim.record.manifest import entry_of, summary_checksum
 
 REPO = Path(__file__).resolve().parents[1]
 MNIST_SMALL = REPO / "fedsim" / "assets" / "mnist_small.npz"
@@ -171,6 +173,29 @@ def continued_run(run_dir: Path) -> Path:
               "summary_sha256": "0" * 64}  # fmt: skip
     (run_dir / "summary.json").write_text(written(**scores, files={"model.pt": {"size": 1, "sha256": MODEL_SHA256}}))
     return run_dir
+
+
+def another_request(run_dir: Path, client: int) -> dict[str, Any]:
+    """A ``fedsim local`` request for ``client`` of the finished run ``run_dir`` (--steps 5, other than the tests'
+    own), written as the local.json of the directory that request made; the request."""
+    model = json.loads((run_dir / "summary.json").read_text())["files"]["model.pt"]
+    request = {"run_dir": str(run_dir), "client": client, "steps": 5, "every": 1, "classes": [7], "lr": 0.05,
+               "momentum": 0.0, "weight_decay": 0.0, "batch_size": 32, "augment": True, "overrides": [],
+               "model_sha256": model["sha256"]}  # fmt: skip
+    out = local_dir(run_dir, client)
+    out.mkdir()
+    (out / "local.json").write_text(json.dumps(request))
+    return request
+
+
+def replace_model(run_dir: Path) -> None:
+    """Another model as the finished run's own: every weight of its model.pt moved by 1, the summary's entry and
+    checksum made anew (the run run again since, as a continuation made before would see it)."""
+    state = torch.load(run_dir / "model.pt", weights_only=True)
+    torch.save({k: v + 1 for k, v in state.items()}, run_dir / "model.pt")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["files"]["model.pt"] = entry_of((run_dir / "model.pt").read_bytes())
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "summary_sha256": summary_checksum(summary)}))
 
 
 def ip_command(*args: str) -> None:

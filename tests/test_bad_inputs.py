@@ -27,8 +27,7 @@ import yaml
 
 from fedsim.app.cli import main
 from fedsim.record.layout import RECORD_VERSION
-from fedsim.record.manifest import entry_of, summary_checksum
-from tests.conftest import MNIST_SMALL, make_sweep, small_config, write_config
+from tests.conftest import MNIST_SMALL, another_request, make_sweep, replace_model, small_config, write_config
 from tests.data_fixtures import relabelled
 
 
@@ -1618,23 +1617,13 @@ def _newer_record(tmp: Path) -> None:
 
 
 def _another_local_request(tmp: Path) -> None:
-    run_dir = _run_dir(tmp)
-    model = json.loads((run_dir / "summary.json").read_text())["files"]["model.pt"]
-    request = {"run_dir": str(run_dir), "client": 2, "steps": 5, "every": 1, "classes": [7], "lr": 0.05,
-               "momentum": 0.0, "weight_decay": 0.0, "batch_size": 32, "augment": True, "overrides": [],
-               "model_sha256": model["sha256"]}  # fmt: skip
-    (run_dir / "local-2").mkdir()
-    (run_dir / "local-2" / "local.json").write_text(json.dumps(request))
+    another_request(_run_dir(tmp), 2)
 
 
 def _local_of_another_model(tmp: Path) -> None:
     run_dir = _run_dir(tmp)
     assert main(["local", str(run_dir), "--client", "1", "--steps", "2"]) == 0
-    state = torch.load(run_dir / "model.pt", weights_only=True)
-    torch.save({k: v + 1 for k, v in state.items()}, run_dir / "model.pt")  # another model, as the run's own
-    summary = json.loads((run_dir / "summary.json").read_text())
-    summary["files"]["model.pt"] = entry_of((run_dir / "model.pt").read_bytes())
-    (run_dir / "summary.json").write_text(json.dumps({**summary, "summary_sha256": summary_checksum(summary)}))
+    replace_model(run_dir)
 
 
 def _config_edited(tmp: Path) -> None:

@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from fedsim.app.cli import main
 from fedsim.app.local import local_dir
@@ -18,8 +17,8 @@ from fedsim.data import load_dataset
 from fedsim.data.fingerprint import fingerprint
 from fedsim.engines.runner import run
 from fedsim.names import MAX_NAME, is_name
-from fedsim.record.manifest import DATA_FINGERPRINT, entry_of, summary_checksum
-from tests.conftest import MNIST_SMALL, MODEL_SHA256, REPO, continued_run
+from fedsim.record.manifest import DATA_FINGERPRINT, entry_of
+from tests.conftest import MNIST_SMALL, MODEL_SHA256, REPO, another_request, continued_run, replace_model
 from tests.data_fixtures import relabelled
 from tests.test_reading import make_fifo
 
@@ -160,13 +159,8 @@ def test_each_client_and_set_list_has_a_directory_name_of_its_own() -> None:
 
 def test_another_request_never_replaces_a_continuation(finished_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A re-run with other --steps wrote over the last one's results in silence."""
+    request = another_request(finished_run, 7)
     out = local_dir(finished_run, 7)
-    out.mkdir()
-    model = json.loads((finished_run / "summary.json").read_text())["files"]["model.pt"]
-    request = {"run_dir": str(finished_run), "client": 7, "steps": 5, "every": 1, "classes": [7], "lr": 0.05,
-               "momentum": 0.0, "weight_decay": 0.0, "batch_size": 32, "augment": True, "overrides": [],
-               "model_sha256": model["sha256"]}  # fmt: skip
-    (out / "local.json").write_text(json.dumps(request))
     assert main(["local", str(finished_run), "--client", "7", "--steps", "2"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"fedsim: error: {out} ") and err.count("\n") == 1, err  # wording: the corpus
@@ -187,11 +181,7 @@ def test_a_continuation_of_another_model_than_its_runs_is_refused(
     assert main(["plot", str(run_dir), "--out", str(tmp_path / "fig")]) == 0  # as it is: drawn
     assert (tmp_path / "fig" / "local.png").is_file()
     capsys.readouterr()
-    state = torch.load(run_dir / "model.pt", weights_only=True)
-    torch.save({k: v + 1 for k, v in state.items()}, run_dir / "model.pt")  # another model, as the run's own
-    summary = json.loads((run_dir / "summary.json").read_text())
-    summary["files"]["model.pt"] = entry_of((run_dir / "model.pt").read_bytes())
-    (run_dir / "summary.json").write_text(json.dumps({**summary, "summary_sha256": summary_checksum(summary)}))
+    replace_model(run_dir)  # another model, as the run's own
     local = run_dir / "local-1"
     for argv in (["plot", str(run_dir), "--out", str(tmp_path / "fig2")], ["plot", str(local)]):
         assert main(argv) == 2

@@ -39,6 +39,10 @@ def misbehaving(tmp_path: Path, **sections: Any) -> dict[str, Any]:
     return small_config(tmp_path, eval={"every": 1}, output=output, **sections)
 
 
+# the hook of tests/plugins/misbehaving.py's strategy that exits or never returns, as fedsim names it
+AGGREGATE_TRAIN = re.escape(f"strategy '{PLUGINS}:InAggregate': _ExitingAverage.aggregate_train")
+
+
 def in_client(how: str, **options: Any) -> dict[str, Any]:
     return {"name": f"{PLUGINS}:InClient", "how": how, "round": 2, **options}
 
@@ -111,8 +115,7 @@ def test_aggregate_train_that_exits_stops_the_run_naming_the_hook(tmp_path: Path
     strategy = {"name": f"{PLUGINS}:InAggregate", "how": how, "round": 2}
     proc, run_dir = fedsim_run(tmp_path, misbehaving(tmp_path, strategy=strategy))
     error = the_error(proc)
-    who = re.escape(f"strategy '{PLUGINS}:InAggregate': _ExitingAverage.aggregate_train")
-    exited = fault_line("plugin exited", who=who, call=re.escape(call), file="misbehaving.py")
+    exited = fault_line("plugin exited", who=AGGREGATE_TRAIN, call=re.escape(call), file="misbehaving.py")
     assert re.match("fedsim: error: " + exited, error), error
     assert_round_1_kept(run_dir, error)
 
@@ -123,8 +126,8 @@ def test_aggregate_train_that_never_returns_stops_the_run_at_round_timeout(tmp_p
     cfg = misbehaving(tmp_path, strategy=strategy, train={"round_timeout_s": ROUND_TIMEOUT_S})
     proc, run_dir = fedsim_run(tmp_path, cfg)
     error = the_error(proc)
-    who = re.escape(f"strategy '{PLUGINS}:InAggregate': _ExitingAverage.aggregate_train")
-    assert re.match("fedsim: error: " + fault_line("hook overran", who=who, timeout=ROUND_TIMEOUT_S), error), error
+    overran = fault_line("hook overran", who=AGGREGATE_TRAIN, timeout=ROUND_TIMEOUT_S)
+    assert re.match("fedsim: error: " + overran, error), error
     assert_round_1_kept(run_dir, error)
 
 

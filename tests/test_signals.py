@@ -63,11 +63,14 @@ def named(title: str):  # type: ignore[no-untyped-def]
 
 def why_not_yet(proc: subprocess.Popen[str], seen: set[Process]) -> str:  # type: ignore[type-arg]
     """What a run that did not get as far as awaited was doing: the processes it had started, the end of its
-    Ray instance's logs, then (stopped by SIGTERM, or SIGKILL where that is not heeded) its stderr."""
+    Ray instance's logs (in the temp directory Ray picks, as fedsim.environment checks it), then (stopped by
+    SIGTERM, or SIGKILL where that is not heeded) its stderr."""
+    from ray._common.utils import get_default_ray_temp_dir  # on a failure only: the module loads no Ray
+
     started = sorted({cmdline(p[0]).split(b"\0")[0].decode(errors="replace") for p in seen if alive(p)})
     logs = [
         f"{log}: {log.read_text(errors='replace')[-2000:]}"
-        for session in Path("/tmp/ray").glob(f"session_*_{proc.pid}")
+        for session in Path(get_default_ray_temp_dir()).glob(f"session_*_{proc.pid}")
         for log in sorted((session / "logs").glob("*"))
         if log.is_file() and log.stat().st_size and log.name.startswith(("raylet", "gcs_server", "worker-"))
     ]
