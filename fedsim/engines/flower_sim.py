@@ -7,8 +7,9 @@ worker whose process ends mid-round (killed, out of memory, ``os._exit``) fails 
 its reason Ray's cause in one line (:mod:`fedsim.engines.lost_workers`). Flower's pool would send that dead
 worker every later message it gives it; with ``max_restarts`` Ray starts a fresh process in its place, which
 computes what the dead one would have (Flower's workers keep no client state: each node's ``Context`` lives
-in this process and changes only with a reply). A message that went to the worker while Ray replaced it
-was never run, and is sent again (:class:`RuntimeGrid`).
+in this process and changes only with a reply). A message Flower's pool gives that worker while Ray replaces it
+fails too, with the same error: Ray 2.55 says of it what it says of the message that was running
+(``ActorUnavailableError``: "the task may or may not have been executed"), so neither is sent again.
 
 Flower's backend waits on each worker's task with no timeout, and its threads, which this process joins at its
 end, wait so on a worker that hangs (a client stuck in its code, a process stopped). The round loop bounds its
@@ -21,7 +22,6 @@ from __future__ import annotations
 import logging
 import re
 import threading
-import time
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -41,9 +41,6 @@ from fedsim.experiment.resolve import Experiment
 from fedsim.processes import signals_deferred
 from fedsim.server.polling import PromptGrid
 
-# Ray's words for a task it ran nowhere: the worker it went to was being replaced
-NOT_RUN = "The actor is restarting"
-RESEND_AFTER_S = 0.5
 # Flower's reason for a message whose ClientApp call raised in its backend: "<class 'X'>:<'str(exception)'>"
 FLOWER_REASON = re.compile(r"<class '(?P<kind>[^']+)'>:<'(?P<text>.*)'>\Z", re.DOTALL)
 
@@ -72,8 +69,7 @@ def in_one_line(reply: Message) -> Message:
 
 class RuntimeGrid(PromptGrid):
     """Flower's simulation grid as fedsim's round loop uses it: it raises once ``stopped`` is set (Ctrl-C,
-    SIGTERM), sends again a message Ray ran nowhere (its worker was being replaced), and says a lost worker's
-    error in one line."""
+    SIGTERM), and says a lost worker's error in one line."""
 
     def __init__(self, grid: Grid, stopped: threading.Event) -> None:
         super().__init__(grid)
@@ -82,28 +78,7 @@ class RuntimeGrid(PromptGrid):
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         if self.stopped.is_set():
             raise FedsimError("the simulation stopped (Ctrl-C or SIGTERM)")
-        return self.grid.pull_messages(message_ids)
-
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        """The replies that came within ``timeout`` seconds, a message Ray ran nowhere sent again meanwhile."""
-        pending, replies = list(messages), []
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            got = list(super().send_and_receive(pending, timeout=left))
-            not_run = [r for r in got if r.has_error() and NOT_RUN in (r.error.reason or "")]
-            replies += [r for r in got if r not in not_run]
-            if not not_run or (deadline is not None and time.monotonic() + RESEND_AFTER_S >= deadline):
-                return [in_one_line(r) for r in replies + not_run]
-            sent = {m.metadata.message_id: m for m in pending}
-            pending = [_again(sent[r.metadata.reply_to_message_id]) for r in not_run]
-            time.sleep(RESEND_AFTER_S)
-
-
-def _again(message: Message) -> Message:
-    """A new Message with ``message``'s content and address (a Message is pushed once)."""
-    meta = message.metadata
-    return Message(message.content, meta.dst_node_id, meta.message_type, group_id=meta.group_id)
+        return [in_one_line(reply) for reply in self.grid.pull_messages(message_ids)]
 
 
 class _FlowerNoise(logging.Filter):
