@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedsim.config import RunConfig
 from fedsim.config_file import parse_config
 from fedsim.engines.runner import run
 from fedsim.ports import free_port
@@ -427,43 +426,3 @@ def test_flwr_run_dot_runs_the_repository_as_a_flower_app(tmp_path: Path, monkey
     inline = [f"output.dir={tmp_path / 'sim'}", "simulation.backend=inline", "simulation.threads=1"]
     simulated = run(load_config(REPO / "configs" / "deploy_smoke.yaml", inline))
     assert_same_numbers(metrics(run_dir), metrics(Path(simulated["run_dir"])))
-
-
-def test_without_unshare_the_deploy_says_it_runs_in_the_host_network(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fedsim.deploy import private_network
-
-    monkeypatch.setenv("PATH", "/nonexistent")
-    assert private_network.unavailable() == "no unshare program (util-linux)"
-    def config(**deploy: object) -> RunConfig:
-        return parse_config({**deploy_config(Path("/tmp")), "deploy": deploy})
-
-    assert private_network.wanted(config()) and private_network.wanted(config(address="::1"))
-    assert not private_network.wanted(config(address="0.0.0.0"))  # across hosts: nothing to hide it in
-    assert not private_network.wanted(config(private_network=False))
-
-
-def test_free_ports_are_distinct_bindable_and_never_ephemeral(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fedsim import ports
-
-    low, _ = ports.ephemeral_range()
-    span = ports.server_ports()
-    assert span.stop == low  # below what the kernel gives outgoing connections
-    chosen = ports.free_ports(["127.0.0.1"] * 50)
-    assert len(set(chosen)) == 50
-    assert all(p in span for p in chosen)
-    # a port something listens on, and a port promised to a server not yet started, are passed over
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", chosen[0]))
-        busy.listen()
-        monkeypatch.setattr(ports.random, "randrange", lambda n: chosen[0] - span.start)  # the scan starts there
-        assert ports.free_ports(["127.0.0.1"], taken={chosen[0] + 1})[0] == chosen[0] + 2
-
-
-def test_a_run_that_ended_without_a_summary_names_its_log_and_last_line_only() -> None:
-    """The launcher's error for a ServerApp that ended without a summary is one line: the log's path and its
-    last line that says something (the traceback's last line), not the log's tail on lines of its own."""
-    from fedsim.deploy.launcher import last_line
-
-    log = "INFO: starting\nTraceback (most recent call last):\n  File x\nValueError: no data\n\n  \n"
-    assert last_line(log) == "ValueError: no data"
-    assert last_line("") == last_line("\n\n") == ""

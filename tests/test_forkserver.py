@@ -1,7 +1,7 @@
 """A SuperNode's fork server (fedsim.deploy.forkserver) behind the ``flwr-clientapp`` shim: what the
-SuperExec sees of the shim is what it would see of Flower's own command (output, exit status), and the
-run's runtime is built once in the server for the processes it forks next. That deployed runs give
-``fedsim run``'s metrics bit for bit through it is tests/test_deploy.py's."""
+SuperExec sees of the shim is what it would see of Flower's own command (output, exit status), and a task
+never outlives its shim or its server. What the server makes warm is tests/test_warm.py's; that deployed runs
+give ``fedsim run``'s metrics bit for bit through it, tests/test_deploy.py's."""
 
 from __future__ import annotations
 
@@ -14,25 +14,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from functools import lru_cache
 from pathlib import Path
 
 import pytest
-import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp import ClientApp
-from flwr.supercore.task_identity import TaskIdentity
 
-from fedsim import wire
-from fedsim.client import runtime
-from fedsim.config_file import load_config
 from fedsim.deploy import clientapp_shim
-from fedsim.deploy.clientapp import DeployedClientApp
 from fedsim.deploy.supernode import start_fork_server
-from fedsim.deploy.warm import keep_warm, warm_up
-from fedsim.models.evaluation import FORWARD_CHUNK
 from fedsim.processes import identity
-from tests.conftest import REPO
 
 
 @pytest.fixture
@@ -195,69 +183,3 @@ def children(pid: int) -> list[int]:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
-
-
-def test_the_server_builds_a_run_once_and_never_for_a_gpu() -> None:
-    cfg = load_config(REPO / "configs" / "quickstart.yaml", ["simulation.threads=1"])
-    runtime.prepare.cache_clear()
-    try:
-        keep_warm(cfg.to_json().encode())
-        assert runtime.prepare.cache_info().currsize == 1
-        built = runtime.prepare(cfg.to_json())
-        assert runtime.prepare.cache_info().hits == 1 and built.device.type == "cpu"
-        gpu = cfg.model_copy(deep=True)
-        gpu.simulation.device = "cuda"
-        keep_warm(gpu.to_json().encode())  # a CUDA context cannot cross a fork: children build it
-        assert runtime.prepare.cache_info().currsize == 1
-    finally:
-        runtime.prepare.cache_clear()
-
-
-@pytest.mark.parametrize("norm", ["bn", "ln_randomized"])
-def test_warming_up_runs_both_shapes_and_changes_nothing_of_the_runtime(norm: str) -> None:
-    """The fork server warms torch's kernels through a copy of the model (BN's running statistics would move
-    if it used the runtime's own), on the training batch's and an evaluation chunk's shapes, RNG untouched
-    (ln_randomized, not yet seeded by a round, draws its noise from the global RNG; BN draws nothing)."""
-    from fedsim.client.runtime import ClientRuntime
-    from fedsim.experiment.resolve import resolve
-
-    cfg = load_config(REPO / "configs" / "quickstart.yaml", ["simulation.threads=1", f"model.norm={norm}"])
-    rt = ClientRuntime(resolve(cfg))
-    shapes: list[tuple[int, ...]] = []
-    rt.model.register_forward_hook(lambda module, args, out: shapes.append(tuple(args[0].shape)))
-    before = {k: v.clone() for k, v in rt.model.state_dict().items()}
-    rng = torch.get_rng_state()
-    warm_up(rt)
-    in_shape = tuple(rt.fed.dataset.in_shape)
-    assert shapes == [(cfg.train.batch_size, *in_shape), (min(cfg.eval.batch_size, FORWARD_CHUNK), *in_shape)]
-    after = rt.model.state_dict()
-    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
-    assert all(p.grad is None for p in rt.model.parameters())
-    assert torch.equal(torch.get_rng_state(), rng)
-
-
-def test_a_forked_clientapp_announces_a_runtime_it_built_and_none_it_inherited(monkeypatch: pytest.MonkeyPatch) -> None:
-    """fedsim's deployed ClientApp tells its fork server the run config of a runtime a Message made its process
-    build (the server had none for it, so builds it for the next children), and stays quiet about one it had."""
-    for name in ("_run_id", "_node_id", "_task_id"):  # as a Grid sets them in the sender's process
-        monkeypatch.setattr(TaskIdentity, name, 1)
-    monkeypatch.setattr(runtime, "prepare", lru_cache(maxsize=2)(lambda config_json: object()))
-    core = ClientApp()
-
-    @core.train()
-    def train(msg: Message, context: Context) -> Message:
-        runtime.prepare(wire.run_config_json(msg))  # as the core ClientApp's handlers build the runtime
-        return Message(RecordDict(), reply_to=msg)
-
-    deployed, heard = DeployedClientApp(core), []
-    deployed.announce = heard.append
-    ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
-    runtime.prepare("inherited")  # the fork server built it before it forked this process
-
-    def message(config_json: str) -> Message:
-        content = RecordDict({wire.CONFIG: ConfigRecord({wire.RUN_CONFIG: config_json})})
-        return Message(content, dst_node_id=1, message_type=wire.TRAIN)
-
-    for config_json in ("inherited", "new", "new"):
-        deployed(message(config_json), ctx)
-    assert heard == ["new"]

@@ -49,3 +49,18 @@ def test_no_free_port_is_one_error_naming_the_range_and_address(monkeypatch: pyt
         with pytest.raises(FedsimError, match=said):
             ports.free_ports(["127.0.0.1"])
     assert min(held) in span
+
+
+def test_free_ports_are_distinct_bindable_and_never_ephemeral(monkeypatch: pytest.MonkeyPatch) -> None:
+    low, _ = ports.ephemeral_range()
+    span = ports.server_ports()
+    assert span.stop == low  # below what the kernel gives outgoing connections
+    chosen = ports.free_ports(["127.0.0.1"] * 50)
+    assert len(set(chosen)) == 50
+    assert all(p in span for p in chosen)
+    # a port something listens on, and a port promised to a server not yet started, are passed over
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", chosen[0]))
+        busy.listen()
+        monkeypatch.setattr(ports.random, "randrange", lambda n: chosen[0] - span.start)  # the scan starts there
+        assert ports.free_ports(["127.0.0.1"], taken={chosen[0] + 1})[0] == chosen[0] + 2

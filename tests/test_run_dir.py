@@ -221,10 +221,3 @@ def test_a_fresh_run_never_inherits_another_runs_files(tmp_path: Path, capsys: p
     assert [json.loads(x)["round"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert not (run_dir / "error.txt").exists()
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["lr"] == 0.02
-
-
-def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path: Path) -> None:
-    from fedsim.engines.runner import new_run_dir
-
-    made = [new_run_dir(tmp_path / "runs", "same") for _ in range(3)]
-    assert len(set(made)) == 3 and all(p.is_dir() for p in made)
