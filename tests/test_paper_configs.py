@@ -143,7 +143,7 @@ def test_the_headline_table_is_the_200_round_three_seed_sweep() -> None:
 
 def test_the_personalised_comparison_is_the_four_and_fedavg_at_the_headline_setting() -> None:
     out, cells = plan(TABLES / "personal_200rounds.yaml")
-    assert out == Path("runs/sweeps/personal-200rounds") and len(cells) == 30
+    assert out == Path("results/personal-200rounds") and len(cells) == 30
     for _, cfg in cells:
         assert (cfg.train.rounds, cfg.eval.every, cfg.train.num_clients, cfg.train.local_steps) == (200, 10, 10, 10)
         assert (cfg.train.batch_size, cfg.train.lr, cfg.train.momentum, cfg.model.name) == (32, 0.01, 0.0, "cnn")
