@@ -9,6 +9,7 @@ import re
 import pytest
 
 from fedsim.record.checkpoint import Checkpoint
+from fedsim.record.run import read_run
 from tests.conftest import REPO
 
 RESULTS = REPO / "results" / "full-budget"
@@ -56,6 +57,15 @@ def test_each_number_of_the_table_is_the_cells_own(row: re.Match[str]) -> None:
     # a cell still running in this checkout may have gone on since its row was written; a committed one has not
     assert done <= rounds_done(cell)
     assert (row["state"] == "finished") == (RESULTS / cell / "summary.json").is_file()
+
+
+@pytest.mark.filterwarnings("ignore::fedsim.record.verify.LostEvaluations")  # FedAvg 1 class's round 4,100
+@pytest.mark.parametrize("cell", sorted(p.name for p in RESULTS.iterdir() if (p / "config.yaml").is_file()))
+def test_each_cell_reads_whole_from_what_the_repository_holds(cell: str) -> None:
+    """``fedsim report`` and ``fedsim plot`` read a cell as a fresh clone has it: every file its record lists
+    is there (a model.pt the repository does not keep is not listed), and the files agree with each other."""
+    record = read_run(RESULTS / cell)
+    assert len(record["metrics"]) >= 90 * rounds_done(cell) // 10_000  # evaluated every 100 rounds, a lost line or so
 
 
 def test_the_front_page_states_the_tables_rounds() -> None:
