@@ -1099,11 +1099,61 @@ CASES: dict[str, Case] = {
     ),
     # --- fedsim local
     "local-missing-dir": Case(("local", "{tmp}/none", "--client", "0", "--steps", "5"), ("not a run directory",)),
-    "local-steps-zero": Case(("local", "{tmp}", "--client", "0", "--steps", "0"), ("--steps 0", "in 1..1,000,000")),
-    "local-steps-huge": Case(
-        ("local", "{tmp}", "--client", "0", "--steps", "99999999999999999999"), ("--steps 99", "in 1..1,000,000")
+    "local-steps-zero": Case(
+        ("local", "{tmp}", "--client", "0", "--steps", "0"),
+        ("--steps 0: the local steps to take must be in 1..1,000,000",),
     ),
-    "local-every-zero": Case(("local", "{tmp}", "--client", "0", "--steps", "2", "--every", "0"), ("--every 0",)),
+    # a traceback before (std::bad_alloc building the steps' batch indices), after local-0/ was made
+    "local-steps-huge": Case(
+        ("local", "{tmp}", "--client", "0", "--steps", "99999999999999999999"),
+        ("--steps 99999999999999999999: the local steps to take must be in 1..1,000,000 (as train.local_steps)",),
+    ),
+    "local-every-zero": Case(
+        ("local", "{tmp}", "--client", "0", "--steps", "2", "--every", "0"),
+        ("--every 0: evaluate every E steps with E in 1..2 (--steps)",),
+    ),
+    "local-every-past-steps": Case(
+        ("local", "{tmp}", "--client", "0", "--steps", "5", "--every", "6"),
+        ("--every 6: evaluate every E steps with E in 1..5 (--steps)",),
+    ),
+    "local-client-out-of-range": Case(
+        ("local", "{tmp}/rd", "--client", "4", "--steps", "5"),
+        ("--client 4 is out of range; allowed 0..3 (the run's train.num_clients)",), setup="finished_run",
+    ),
+    "local-client-negative": Case(
+        ("local", "{tmp}/rd", "--client", "-1", "--steps", "5"), ("--client -1 is out of range; allowed 0..3",),
+        setup="finished_run",
+    ),
+    "local-client-huge": Case(
+        ("local", "{tmp}/rd", "--client", "99999999999999999999", "--steps", "5"),
+        ("--client 99999999999999999999 is out of range; allowed 0..3",), setup="finished_run",
+    ),
+    # keys that redefine which data is client k's, or have no part in a continuation, were taken in silence
+    "local-set-num-clients": Case(
+        ("local", "{tmp}/rd", "--client", "0", "--steps", "2", "--set", "train.num_clients=5"),
+        ("--set train.num_clients: fedsim local continues client k of the run as the run split its data, with plain "
+         "local SGD; --set changes only that training: train.lr, train.momentum, train.weight_decay, "
+         "train.batch_size, data.augment, model[.<key>], data.root, data.cache_dir, simulation.device, "
+         "simulation.threads, eval.batch_size",), setup="finished_run",
+    ),
+    **{
+        f"local-set-{key}": Case(
+            ("local", "{tmp}/rd", "--client", "0", "--steps", "2", "--set", f"{key}={value}"),
+            (f"--set {key}: fedsim local continues client k of the run",), setup="finished_run",
+        )
+        for key, value in [("partition.beta", "100"), ("strategy.name", "scaffold"), ("output.run_dir", "/tmp/x"),
+                           ("seed", "1")]  # fmt: skip
+    },
+    # a control character in a --set item: a directory whose name spanned two lines
+    "local-set-control-character": Case(
+        ("local", "{tmp}/rd", "--client", "0", "--steps", "2", "--set", "train.lr=0.1\n#\tx"),
+        ("--set 'train.lr=0.1\\n#\\tx': holds the control character '\\n'",), setup="finished_run",
+    ),
+    # fedsim run's own checks of the effective config: a batch of 100,000 allocated 23 GB before
+    "local-set-batch-larger-than-data": Case(
+        ("local", "{tmp}/rd", "--client", "0", "--steps", "2", "--set", "train.batch_size=5001"),
+        ("train.batch_size = 5001 is larger than the whole training set (5000 images of",), setup="finished_run",
+    ),
     "local-client-text": Case(("local", "{tmp}", "--client", "one", "--steps", "2"), ("--client", "invalid int")),
     "local-another-layout": Case(
         ("local", "{tmp}/rd", "--client", "0", "--steps", "5"), LAYOUT,

@@ -64,52 +64,22 @@ def test_one_client_alone_overfits_its_class(finished_run: Path, capsys: pytest.
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "names"),
     [
-        (["--client", "10", "--steps", "5"], "--client 10 is out of range; allowed 0..9 (the run's train.num_clients)"),
-        (["--client", "-1", "--steps", "5"], "--client -1 is out of range; allowed 0..9"),
-        (["--client", "0", "--steps", "0"], "--steps 0: the local steps to take must be in 1..1,000,000"),
-        # a traceback before (std::bad_alloc building the steps' batch indices), after local-0/ was made
-        (
-            ["--client", "0", "--steps", "99999999999999999999"],
-            "--steps 99999999999999999999: the local steps to take must be in 1..1,000,000 (as train.local_steps)",
-        ),
-        (["--client", "0", "--steps", "5", "--every", "0"], "--every 0: evaluate every E steps with E in 1..5"),
-        (
-            ["--client", "0", "--steps", "5", "--every", "6"],
-            "--every 6: evaluate every E steps with E in 1..5 (--steps)",
-        ),
-        (["--client", "99999999999999999999", "--steps", "5"], "--client 99999999999999999999 is out of range"),
-        # keys that redefine which data is client k's, or have no part in a continuation, were taken in silence
-        (
-            ["--client", "0", "--steps", "2", "--set", "train.num_clients=5"],
-            "--set train.num_clients: fedsim local continues client k of the run as the run split its data, with plain "
-            "local SGD; --set changes only that training: train.lr, train.momentum, train.weight_decay, "
-            "train.batch_size, data.augment, model[.<key>], data.root, data.cache_dir, simulation.device, "
-            "simulation.threads, eval.batch_size",
-        ),
-        (["--client", "0", "--steps", "2", "--set", "partition.beta=100"], "--set partition.beta: fedsim local"),
-        (["--client", "0", "--steps", "2", "--set", "strategy.name=scaffold"], "--set strategy.name: fedsim local"),
-        (["--client", "0", "--steps", "2", "--set", "output.run_dir=/tmp/x"], "--set output.run_dir: fedsim local"),
-        (["--client", "0", "--steps", "2", "--set", "seed=1"], "--set seed: fedsim local"),
-        # a control character in a --set item: a directory whose name spanned two lines
-        (
-            ["--client", "0", "--steps", "2", "--set", "train.lr=0.1\n#\tx"],
-            "--set 'train.lr=0.1\\n#\\tx': holds the control character '\\n'",
-        ),
-        # fedsim run's own checks of the effective config: a batch of 100,000 allocated 23 GB before
-        (
-            ["--client", "0", "--steps", "2", "--set", "train.batch_size=5001"],
-            "train.batch_size = 5001 is larger than the whole training set (5000 images of",
-        ),
+        (["--client", "10", "--steps", "5"], "--client 10"),
+        (["--client", "0", "--steps", "5", "--every", "6"], "--every 6"),
+        (["--client", "0", "--steps", "2", "--set", "train.num_clients=5"], "--set train.num_clients"),
+        (["--client", "0", "--steps", "2", "--set", "train.batch_size=5001"], "train.batch_size = 5001"),
     ],
 )
 def test_bad_request_is_one_line_before_training(
-    finished_run: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+    finished_run: Path, capsys: pytest.CaptureFixture[str], args: list[str], names: str
 ) -> None:
+    """A refused request against a real finished run: one line naming what was refused, and nothing written
+    (the wording of each is the bad-input corpus's, tests/test_bad_inputs.py, local-*)."""
     assert main(["local", str(finished_run), *args]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"fedsim: error: {message}")
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"fedsim: error: {names}")
     assert not list(finished_run.glob(f"local-{args[1]}*"))  # nothing written for the refused request
 
 
