@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedsim.app.plots import mean_and_std, parse_references, plot_accuracy, run_labels
+from fedsim.app.plots import _mark_references, mean_and_std, parse_references, plot_accuracy, run_labels
 from fedsim.errors import ConfigError
 
 
@@ -50,6 +50,28 @@ def test_legend_labels_name_what_differs_else_the_seed_else_the_directory() -> N
         "norm=ln", "norm=none"]  # fmt: skip
     assert run_labels([run(0, []), run(1, [])]) == ["seed=0", "seed=1"]
     assert run_labels([run(0, [])]) == ["r-0"]
+    # an option of one strategy only is in that run's label alone (not "beta_1=None" in the others')
+    yogi = run(0, [], **{"strategy.name": "fedyogi", "strategy.options.beta_1": 0.9})
+    assert run_labels([run(0, []), yogi]) == ["strategy=fedavg", "strategy=fedyogi, beta_1=0.9"]
+
+
+def test_close_references_are_named_at_either_end_of_their_lines() -> None:
+    """Each name sits just above its line, at the right end unless it would overlap the name above it there
+    (LN-FL's 78.04 and 77.52, 73.13 and 71.83 on a 10-80 axis): never two names on top of each other."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    try:
+        ax.set_ylim(10, 80)
+        _mark_references(ax, {"FedLN": 78.04, "FedLN 2": 77.52, "FedAvg": 56.82, "Yogi": 73.13, "FedAvg 2": 71.83})
+        fig.canvas.draw()
+        placed = {t.get_text().partition(":")[0]: t.get_window_extent() for t in ax.texts}
+        ends = {name: t.get_ha() for name, t in zip(placed, ax.texts, strict=True)}
+    finally:
+        plt.close(fig)
+    assert ends == {"FedLN": "right", "FedLN 2": "left", "Yogi": "right", "FedAvg 2": "left", "FedAvg": "right"}
+    boxes = list(placed.values())
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
 
 
 def test_reference_lines_are_name_and_percent() -> None:

@@ -36,6 +36,7 @@ from fedsim.record.reader import read_metrics
 from fedsim.record.run import read_run
 
 ACCURACY, LABELS, SPECTRUM = "accuracy.png", "label_distribution.png", "feature_spectrum.png"
+REFERENCE_PT = 7  # the font size of a reference's name
 LOCAL = "local.png"
 _DPI = 120
 
@@ -84,20 +85,30 @@ def parse_references(pairs: list[str]) -> dict[str, float]:
 
 
 def _mark_references(ax: Any, references: Mapping[str, float]) -> None:
-    """A dotted horizontal line per reference accuracy (in %), named at the right end of the axes."""
-    for name, value in references.items():
+    """A dotted horizontal line per reference accuracy (in %), named just above it: at the right end of the axes,
+    or at the left end where that name would overlap the one above it (close references, e.g. 78.04 and 77.52)."""
+    low, high = ax.get_ylim()
+    height = (REFERENCE_PT * ax.figure.dpi / 72 + 4) / ax.get_window_extent().height * (high - low)  # a name's
+    lowest = {1.0: float("inf"), 0.0: float("inf")}  # per end of the axes: the lowest name placed there so far
+    for name, value in sorted(references.items(), key=lambda item: -item[1]):
         ax.axhline(value, color="0.35", linestyle=":", linewidth=1)
-        ax.annotate(f"{name}: {value:g}", (1, value), xycoords=("axes fraction", "data"), xytext=(-3, 2),
-                    textcoords="offset points", ha="right", va="bottom", fontsize=7, color="0.25")  # fmt: skip
+        end = next((x for x in (1.0, 0.0) if value + height <= lowest[x]), 1.0)
+        lowest[end] = value
+        ax.annotate(f"{name}: {value:g}", (end, value), xycoords=("axes fraction", "data"),
+                    xytext=(-3 if end else 3, 2), textcoords="offset points", ha="right" if end else "left",
+                    va="bottom", fontsize=REFERENCE_PT, color="0.25")  # fmt: skip
 
 
 def run_labels(runs: list[dict[str, Any]]) -> list[str]:
-    """A legend label per run: the config values that differ between the runs, else the directory name."""
+    """A legend label per run: the config values that differ between the runs (those it has), else the directory
+    name."""
     if len(runs) > 1:
         keys = varying_keys(runs)
         for extra in ([], ["seed"]):
             names = list(zip(short_keys(keys + extra), keys + extra, strict=True))
-            labels = [", ".join(f"{name}={r['config'].get(k)}" for name, k in names) for r in runs]
+            # a key a run does not have (another strategy's option) is left out of its label
+            labels = [", ".join(f"{name}={v}" for name, k in names if (v := r["config"].get(k)) is not None)
+                      for r in runs]  # fmt: skip
             if all(labels) and len(set(labels)) == len(labels):
                 return labels
     return [r["dir"].name for r in runs]
