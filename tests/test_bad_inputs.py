@@ -531,6 +531,10 @@ CASES: dict[str, Case] = {
     "strategy-unknown": run("strategy.name=fedavgg", expect=("strategy.name", "unknown strategies 'fedavgg'")),
     "fedavg-option": run("strategy.name=fedavg", "strategy.mu=0.1", expect=("strategy.mu", "unknown key", "'fedavg'")),
     "fedprox-mu-negative": run("strategy={name: fedprox, mu: -1}", expect=("strategy.mu",)),
+    "fedprox-mu-quoted": run(
+        "strategy.name=fedprox", "strategy.mu='0.1'",
+        expect=("strategy.mu = '0.1' for strategy 'fedprox': ", "that is text, not a number: write numbers unquoted"),
+    ),
     "fedrs-alpha-above-one": run("strategy={name: fedrs, alpha: 2}", expect=("strategy.alpha",)),
     "fedrs-mode-unknown": run("strategy={name: fedrs, mode: hard}", expect=("strategy.mode", "'binary'")),
     "fedyogi-v0-text": run("strategy={name: fedyogi, v0: big}", expect=("strategy.v0",)),

@@ -50,15 +50,16 @@ def test_names_are_case_and_dash_insensitive_and_listed() -> None:
 
 
 def test_an_unknown_name_lists_the_valid_ones() -> None:
-    with pytest.raises(RegistryError, match=r"^unknown widgets 'gizmo'; valid: broken, fed_gadget \(or 'package"):
+    with pytest.raises(RegistryError) as err:
         widgets().get("gizmo")
+    assert "'gizmo'" in str(err.value) and "broken, fed_gadget" in str(err.value)  # the wording: the corpus
 
 
 def test_a_name_registered_twice_names_both_sources() -> None:
     registry = widgets()
-    said = r"^duplicate widgets name 'fed_gadget': registered by builtin and again by x$"
-    with pytest.raises(RegistryError, match=said):
+    with pytest.raises(RegistryError) as err:
         registry.register("fed_gadget", source="x")(Widget)
+    assert "'fed_gadget'" in str(err.value) and "builtin" in str(err.value) and str(err.value).endswith(" x")
 
 
 def test_a_class_must_be_the_kinds_and_carry_pydantic_params() -> None:
@@ -67,9 +68,9 @@ def test_a_class_must_be_the_kinds_and_carry_pydantic_params() -> None:
     class NoParams(Widget):
         Params = dict  # type: ignore[assignment]
 
-    with pytest.raises(RegistryError, match=r"widgets 'np': .*NoParams has no pydantic Params class"):
+    with pytest.raises(RegistryError, match=r"'np'.*NoParams.*Params"):
         registry.register("np")(NoParams)
-    with pytest.raises(RegistryError, match=r"widgets 'str' is <class 'str'>, not a tests\.test_registry\.Widget"):
+    with pytest.raises(RegistryError, match=r"'str'.*tests\.test_registry\.Widget"):  # the kind it must be
         registry.register("str")(str)  # type: ignore[arg-type]
     registry.register("stock")(Stock)  # type: ignore[arg-type]  # adapted
     assert registry.get("stock") is Gadget
@@ -103,8 +104,8 @@ def test_resolve_validates_options_naming_the_yaml_field() -> None:
     assert resolved.params == Gadget.Params(size=2.0) and resolved.create(3).scale == 3
     with pytest.raises(ConfigError) as err:
         registry.resolve("fed_gadget", {"sise": 2}, "model.widget")
-    assert str(err.value) == "model.widget.sise: unknown key for widget 'fed_gadget'; valid keys: size, label"
-    with pytest.raises(ConfigError, match=r"model\.widget\.size = '0\.1' .*that is text, not a number"):
+    assert str(err.value).startswith("model.widget.sise: ") and str(err.value).endswith("size, label")  # the keys
+    with pytest.raises(ConfigError, match=r"^model\.widget\.size = '0\.1' "):
         registry.resolve("fed_gadget", {"size": "0.1"}, "model.widget")
     with pytest.raises(ConfigError, match=r"model\.widget\.size = True"):  # a boolean is never a number
         registry.resolve("fed_gadget", {"size": True}, "model.widget")
@@ -112,11 +113,12 @@ def test_resolve_validates_options_naming_the_yaml_field() -> None:
         registry.resolve("fed_gadget", {"size": 1e39}, "model.widget")
     with pytest.raises(ConfigError, match=r"^model\.widget\.name: unknown widgets 'gizmo'"):
         registry.resolve("gizmo", {}, "model.widget")
-    with pytest.raises(ConfigError, match=r"model\.widget for widget 'fed_gadget': options must be a mapping"):
+    # (reachable from Python only: a YAML plugin block's options are a mapping by its schema)
+    with pytest.raises(ConfigError, match=r"^model\.widget for widget 'fed_gadget': options must be a mapping"):
         registry.resolve("fed_gadget", [1], "model.widget")  # type: ignore[arg-type]
 
 
 def test_a_plugin_that_raises_when_built_is_named_not_a_traceback() -> None:
     resolved = widgets().resolve("broken", None, "model.widget")
-    with pytest.raises(ConfigError, match=r"^model\.widget: 'broken' raised ValueError when built: size must suit"):
+    with pytest.raises(ConfigError, match=r"^model\.widget: 'broken' .*ValueError.*size must suit"):
         resolved.create()
