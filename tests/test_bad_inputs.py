@@ -767,6 +767,10 @@ CASES: dict[str, Case] = {
     "config-not-yaml": Case(("run", "{tmp}/broken.yaml"), ("not valid YAML",), setup="broken_config"),
     "run-nothing": Case(("run",), ("fedsim run needs a config file, or --resume RUN_DIR",)),
     "resume-with-config": Case(("run", "{cfg}", "--resume", "{tmp}"), ("takes no config file and no --set",)),
+    "deploy-nothing": Case(("deploy",), ("fedsim deploy needs a config file, or --resume RUN_DIR",)),
+    "deploy-resume-with-config": Case(
+        ("deploy", "{cfg}", "--resume", "{tmp}"), ("fedsim deploy --resume RUN_DIR takes no config file and no --set",)
+    ),
     "resume-missing-dir": Case(("run", "--resume", "{tmp}/none"), ("not a run directory",)),
     "resume-no-config": Case(("run", "--resume", "{tmp}"), ("not a run directory (no config.yaml)",)),
     "resume-finished": Case(

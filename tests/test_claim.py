@@ -19,11 +19,11 @@ from tests.fault_lines import assert_said
 
 def test_a_fresh_run_refuses_a_finished_run_or_one_it_could_resume(tmp_path: Path) -> None:
     (tmp_path / "summary.json").write_text("{}")
-    with pytest.raises(FedsimError, match=r"holds a finished run \(summary\.json\); give this run another"):
+    with pytest.raises(FedsimError, match=r"summary\.json"):  # the wording: the corpus (run-dir-finished)
         check_fresh(tmp_path)
     (tmp_path / "summary.json").unlink()
     (tmp_path / "checkpoint.pt").write_bytes(b"x")
-    with pytest.raises(FedsimError, match=rf"continue it with `fedsim run --resume {tmp_path}`"):
+    with pytest.raises(FedsimError, match=rf"fedsim run --resume {tmp_path}"):  # the command that continues it
         check_fresh(tmp_path)
 
 
