@@ -80,6 +80,13 @@ LINES: dict[str, str] = {
     r"than the server's \(data_sha256 {theirs}\.\.\., the server's {ours}\.\.\.\): refused; give every node the data "
     r"the server reads \(a SuperNode trains on what its host holds there\)",
     "cannot write": r"fedsim: error: cannot write {path}: {why}; what was written before it is kept",
+    # another writer of the filesystem: a link or a FIFO among the files fedsim writes (fedsim/files.py)
+    "symbolic link among fedsim's files": r"{path} is a symbolic link \(to {target}\) in a directory of fedsim's, "
+    r"which never writes or deletes through a link: remove the link \(what it points to is left as it is\)",
+    "hard link among fedsim's files": r"{path} is one of {names} names of one file \(a hard link\) in a directory of "
+    r"fedsim's, which would write into every name: remove this name, or put a copy of the file there",
+    "not a file among fedsim's files": r"{path} is {kind} in a directory of fedsim's, where it writes only files and "
+    r"directories: remove it",
     # the process's environment: fedsim/environment.py
     "working directory gone": r"fedsim: error: the working directory no longer exists \(deleted or moved after the "
     r"shell entered it\): cd into a directory that exists and run the command again",
