@@ -49,6 +49,9 @@ class Entry:
     resumed: bool = False  # what a resume continues from
     early: bool = False  # written before the run records anything: a failed run holding only these is taken back
     record: bool = False  # a directory holding this file is a run's record, read back whole
+    # may be left out of a record kept or shared (large, and no reader of the numbers needs it): a record without
+    # it is read with a warning; one present is checked as any file of the manifest
+    left_out: bool = False
 
 
 LAYOUT = (
@@ -59,7 +62,7 @@ LAYOUT = (
     Entry(METRICS, "a line per evaluation (JSON lines; RoundRecord)", checksummed=True, resumed=True, record=True),
     Entry(SUMMARY, "the finished run's numbers, the manifest and its own checksum (JSON; Summary)", tracked=True,
           record=True),
-    Entry(MODEL, "the final global model (a torch state dict)", checksummed=True, final=True),
+    Entry(MODEL, "the final global model (a torch state dict)", checksummed=True, final=True, left_out=True),
     Entry(CHECKPOINT, "the server's side after a round, with its payload's size and SHA-256 (torch; Checkpoint)",
           resumed=True, record=True),
     Entry(PROGRESS, "the latest round and the checksums so far (JSON; Progress)", resume_clears=True, early=True,
@@ -82,4 +85,5 @@ EARLY = tuple(entry.name for entry in LAYOUT if entry.early)
 RECORD_FILES = tuple(entry.name for entry in LAYOUT if entry.record)
 TRACKED = tuple(entry.name for entry in LAYOUT if entry.tracked)
 MANIFEST = tuple(entry.name for entry in LAYOUT if entry.checksummed)
+LEFT_OUT = tuple(entry.name for entry in LAYOUT if entry.left_out)
 FINAL = tuple(entry.name for entry in LAYOUT if entry.final)

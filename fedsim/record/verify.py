@@ -16,7 +16,7 @@ from fedsim.config import RunConfig
 from fedsim.errors import ConfigError, FedsimError, FedsimWarning
 from fedsim.reading import SUMMARY_BYTES, read_bytes
 from fedsim.record.checkpoint import Checkpoint
-from fedsim.record.layout import CHECKPOINT, FINAL, MANIFEST, METRICS, PARTITION, PROGRESS
+from fedsim.record.layout import CHECKPOINT, FINAL, LEFT_OUT, MANIFEST, METRICS, PARTITION, PROGRESS
 from fedsim.record.manifest import FILES, SUMMARY_CHECKSUM, check_entry, summary_checksum
 from fedsim.record.reader import TORCH_BYTES, final_accuracies
 from fedsim.record.writer import json_line
@@ -25,6 +25,11 @@ from fedsim.record.writer import json_line
 class LostEvaluations(FedsimWarning):
     """A run's ``metrics.jsonl`` lacks lines between its first and its last (replaced under the running run):
     the rest is the run's, and read; the curve and the rounds to a target skip the rounds missing."""
+
+
+class LeftOut(FedsimWarning):
+    """A finished run's ``model.pt`` is not in its directory (a record kept or shared without its models): the
+    numbers are read without it, its size and SHA-256 still recorded, so a copy put back is checked."""
 
 
 RESTORE_HINT = "restore the whole run directory, or move it out of the directories given"
@@ -80,6 +85,10 @@ def check_files(path: Path, record: dict[str, Any], source: str, metrics: bytes)
         if name == METRICS:
             data = metrics
         elif not file.exists():
+            if name in LEFT_OUT:
+                why = f"{file}: not in the run directory, where {source} lists it (a record kept without it?)"
+                warnings.warn(LeftOut(f"{why}: the numbers are read without it"), stacklevel=2)
+                continue
             raise FedsimError(f"{file}: missing, where {source} lists the file the run wrote: {hint}")
         else:
             data = read_bytes(file, f"the run's {name}", TORCH_BYTES if name.endswith(".pt") else SUMMARY_BYTES,
