@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import pytest
 
 from fedsim.record.checkpoint import Checkpoint
 from fedsim.record.run import read_run
+from fedsim.record.verify import LeftOut
 from tests.conftest import REPO
 
 RESULTS = REPO / "results" / "full-budget"
@@ -62,9 +64,16 @@ def test_each_number_of_the_table_is_the_cells_own(row: re.Match[str]) -> None:
 @pytest.mark.filterwarnings("ignore::fedsim.record.verify.LostEvaluations")  # FedAvg 1 class's round 4,100
 @pytest.mark.parametrize("cell", sorted(p.name for p in RESULTS.iterdir() if (p / "config.yaml").is_file()))
 def test_each_cell_reads_whole_from_what_the_repository_holds(cell: str) -> None:
-    """``fedsim report`` and ``fedsim plot`` read a cell as a fresh clone has it: every file its record lists
-    is there (a model.pt the repository does not keep is not listed), and the files agree with each other."""
-    record = read_run(RESULTS / cell)
+    """``fedsim report`` and ``fedsim plot`` read a cell as a fresh clone has it: its files agree with each other
+    and with its record, and a model.pt the record lists but the repository does not keep is named in a warning."""
+    summary = RESULTS / cell / "summary.json"
+    listed = summary.is_file() and "model.pt" in json.loads(summary.read_text())["files"]
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", LeftOut)
+        record = read_run(RESULTS / cell)
+    assert [str(w.message).split(":")[0] for w in said if w.category is LeftOut] == (
+        [str(RESULTS / cell / "model.pt")] if listed and not (RESULTS / cell / "model.pt").exists() else []
+    )
     assert len(record["metrics"]) >= 90 * rounds_done(cell) // 10_000  # evaluated every 100 rounds, a lost line or so
 
 
