@@ -122,3 +122,12 @@ def test_a_partition_of_another_federation_size_is_refused(tmp_path: Path) -> No
     check_partition(tmp_path, cfg, counts(cfg.train.num_clients))
     with pytest.raises(FedsimError, match="train.num_clients"):
         check_partition(tmp_path, cfg, counts(cfg.train.num_clients + 1))
+
+
+@pytest.mark.parametrize("name", LEFT_OUT)
+def test_a_link_whose_target_is_gone_is_no_file_left_out(tmp_path: Path, name: str) -> None:
+    path, _, summary = written_run(tmp_path)
+    (path / name).unlink()
+    (path / name).symlink_to(tmp_path / "gone")
+    with pytest.raises(FedsimError, match=rf"^{re.escape(str(path / name))}: missing, where summary.json lists"):
+        check_files(path, summary, SUMMARY, metrics_bytes(path))

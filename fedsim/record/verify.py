@@ -85,7 +85,7 @@ def check_files(path: Path, record: dict[str, Any], source: str, metrics: bytes)
         if name == METRICS:
             data = metrics
         elif not file.exists():
-            if name in LEFT_OUT:
+            if name in LEFT_OUT and not file.is_symlink():  # a link whose target is gone is no model left out
                 why = f"{file}: not in the run directory, where {source} lists it (a record kept without it?)"
                 warnings.warn(LeftOut(f"{why}: the numbers are read without it"), stacklevel=2)
                 continue
