@@ -37,6 +37,7 @@ from fedsim.record.run import read_run
 
 ACCURACY, LABELS, SPECTRUM = "accuracy.png", "label_distribution.png", "feature_spectrum.png"
 REFERENCE_PT = 7  # the font size of a reference's name
+SPECTRUM_FLOOR = 1e-12  # the lowest σ_k / σ_1 the spectrum panel shows
 LOCAL = "local.png"
 _DPI = 120
 
@@ -284,23 +285,25 @@ def plot_feature_spectrum(runs: list[dict[str, Any]], path: Path, log_rounds: bo
         lines = _spectra(run)
         first, last = lines[0], lines[-1]
         sv = np.asarray(last["feature_sv"], dtype=float)
-        (line,) = spec.semilogy(np.arange(1, len(sv) + 1), sv / sv[0], label=f"{label} (round {last['round']})")
+        (line,) = spec.semilogy(np.arange(1, len(sv) + 1), sv / sv[0])
         if first is not last:
             sv0 = np.asarray(first["feature_sv"], dtype=float)
-            spec.semilogy(np.arange(1, len(sv0) + 1), sv0 / sv0[0], color=line.get_color(), linestyle=":",
-                          linewidth=1, label=f"round {first['round']}")
+            spec.semilogy(np.arange(1, len(sv0) + 1), sv0 / sv0[0], color=line.get_color(), linestyle=":", linewidth=1)
         pts = [(m["round"], m["feature_erank"]) for m in lines if m.get("feature_erank") is not None]
         erank.plot(*zip(*pts, strict=True), marker="o", markersize=3, color=line.get_color(), label=label)
     spec.set_xlabel("index k")
     spec.set_ylabel("σ_k / σ_1")
-    spec.set_title("singular values of the penultimate features (probe batch)", fontsize=9)
+    spec.set_title("singular values of the penultimate features (probe batch):\neach run's last evaluation (solid) "
+                   "and its first (dotted)", fontsize=9)  # fmt: skip
+    spec.set_ylim(max(spec.get_ylim()[0], SPECTRUM_FLOOR), 2)  # σ_k / σ_1 <= 1; a collapsed model's 1e-200s hid all
     spec.grid(alpha=0.3, which="both")
-    spec.legend(fontsize=7, loc="best")
     _rounds_axis(erank, log_rounds)
     erank.set_ylabel("effective rank exp H(σ/Σσ)")
     erank.set_title("effective rank (Roy & Vetterli 2007)", fontsize=9)
     erank.grid(alpha=0.3)
-    erank.legend(fontsize=7, loc="best")
+    # one legend under both panels: several runs' long labels inside an axes hid the lines, and beside it
+    # stretched the figure until the panels were slivers
+    fig.legend(*erank.get_legend_handles_labels(), loc="outside lower center", fontsize=7)
     _save(fig, path)
     return len(found)
 
