@@ -157,6 +157,13 @@ class TrainConfig(_Strict):
     lr: float = Field(0.01, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float | None = Field(
+        None,
+        gt=0,
+        description="each local step's gradient, per client, clipped to this total norm before the SGD update "
+        "(torch.nn.utils.clip_grad_norm_; a strategy's gradient corrections included, weight decay not), as "
+        "FedDyn's authors' code does with 10; null: no clipping. Not eval.personal's fine-tuning",
+    )
     on_client_failure: Literal["fail", "skip"] = Field(
         "fail",
         description="a client that errors or misses round_timeout_s: stop the run (fail) or aggregate the "

@@ -32,6 +32,7 @@ class RoundInfo:
     lr: float
     momentum: float  # the local SGD's (FedNova's normalisation counts it)
     class_counts: torch.Tensor  # this client's training samples per class (FedLC, FedRS)
+    max_grad_norm: float | None = None  # each step's gradient clipped to this norm (train.max_grad_norm)
 
 
 class FineTune(Protocol):

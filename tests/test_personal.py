@@ -73,14 +73,19 @@ def fine_tuned_accuracy(run_dir: Path, pid: int, steps: int, lr: float, classifi
 
 
 @pytest.mark.parametrize(
-    ("personal", "lr", "classifier_only"),
-    [({"steps": 4}, 0.05, False), ({"steps": 3, "params": "classifier", "lr": 0.2}, 0.2, True)],
-    ids=["all", "classifier"],
+    ("personal", "lr", "classifier_only", "train"),
+    [
+        ({"steps": 4}, 0.05, False, {}),
+        ({"steps": 3, "params": "classifier", "lr": 0.2}, 0.2, True, {}),
+        # the rounds' steps clipped hard (a gradient norm of 1 to 3 here), the fine-tuning's not at all
+        ({"steps": 4}, 0.05, False, {"max_grad_norm": 1e-3}),
+    ],
+    ids=["all", "classifier", "rounds-clipped"],
 )
 def test_personal_accuracy_is_the_hand_fine_tuned_models(
-    tmp_path: Path, one_thread: None, personal: dict[str, Any], lr: float, classifier_only: bool
+    tmp_path: Path, one_thread: None, personal: dict[str, Any], lr: float, classifier_only: bool, train: dict
 ) -> None:
-    summary, lines = run_lines(tmp_path, "p", eval={"every": 2, "personal": personal})
+    summary, lines = run_lines(tmp_path, "p", eval={"every": 2, "personal": personal}, train=train)
     run_dir = Path(summary["run_dir"])
     by_hand = [fine_tuned_accuracy(run_dir, pid, personal["steps"], lr, classifier_only) for pid in range(4)]
     assert lines[-1]["client_personal_acc"] == pytest.approx(by_hand, abs=1e-12)

@@ -5,6 +5,7 @@ trained together (vmap): tests/test_vectorized.py."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -92,6 +93,33 @@ def test_the_hooks_change_the_logits_the_loss_and_the_gradients() -> None:
     assert result.mean_loss == pytest.approx(float(np.mean(losses)), rel=1e-6)
     torch.testing.assert_close(model.classifier.weight, reference.classifier.weight, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(model.classifier.bias, reference.classifier.bias)  # never stepped: as it was
+
+
+class Pushed(ClientHooks):
+    """A correction far larger than the cross-entropy's gradient (FedDyn's −g_k + α(θ − θ^{t−1}) can be)."""
+
+    def correct_gradients(self, model) -> None:  # type: ignore[no-untyped-def]
+        model.classifier.weight.grad.add_(50.0)
+
+
+def test_max_grad_norm_bounds_each_step_corrections_included_and_leaves_smaller_gradients_alone() -> None:
+    """Plain SGD with a clipped gradient moves the weights by lr·c exactly, along the unclipped gradient;
+    a bound above the gradient's norm changes nothing (bit for bit)."""
+    clipped, free, loose = TinyLinear(3, bias=True), TinyLinear(3, bias=True), TinyLinear(3, bias=True)
+    free.load_state_dict(clipped.state_dict())
+    loose.load_state_dict(clipped.state_dict())
+    flat = lambda model: torch.cat([p.detach().clone().ravel() for p in model.parameters()])  # noqa: E731
+    before = flat(clipped)
+    for model, bound in ((clipped, 0.2), (free, None), (loose, 1e6)):
+        info = replace(round_info(1), max_grad_norm=bound)
+        train_local([ClientRound(model, Pushed(None), stream(), info)], LocalSgd(model.parameters(), 0.1))
+    step_clipped, step_free = flat(clipped) - before, flat(free) - before
+    # clip_grad_norm_ scales by c / (‖g‖ + 1e-6): with ‖g‖ ≈ 50·√(2·3) the 1e-6 is 3e-9 relative
+    assert step_clipped.norm().item() == pytest.approx(0.1 * 0.2, rel=1e-5)
+    torch.testing.assert_close(step_clipped / step_clipped.norm(), step_free / step_free.norm(), rtol=1e-5, atol=1e-6)
+    assert step_free.norm().item() > 10  # the bound did bind: the free step was 0.1 · ~120
+    for p, q in zip(loose.parameters(), free.parameters(), strict=True):
+        assert torch.equal(p, q)
 
 
 def test_momentum_is_cleared_between_rounds() -> None:

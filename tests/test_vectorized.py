@@ -140,6 +140,19 @@ def test_clients_trained_together_match_one_at_a_time(tmp_path: Path, name: str,
     assert_same_training(one, together, m1, m4, images, MLP_LOSS_RTOL)
 
 
+def test_each_client_of_a_group_clips_its_own_gradient(tmp_path: Path, stacked_steps: list[int]) -> None:
+    """``train.max_grad_norm`` under vmap: each client's gradient scaled by its own norm, as one at a time (a norm
+    taken over the group's gradients together scales every client's step by the group's: O(1) off). FedDyn's
+    correction included, as the authors' code clips it; 0.1 binds on every step here (norms of 0.5 to 3)."""
+    sections = {**strategy_rows.sections("feddyn"), "train": {"max_grad_norm": 0.1}}
+    one, together, m1, m4, images = run_both(tmp_path, 4, **sections)
+    assert stacked_steps == [4] * (4 * 3)
+    # the clip's factor adds to each step one sum over the MLP's parameters, whose squares it adds up
+    parameters = 784 * 64 + 64 + 2 * 64 + 64 * 10 + 10
+    rtol = loss_rtol(forward=(784, 64, 64, 64, 10, 16), weight_grads=(16, 16, parameters))
+    assert_same_training(one, together, m1, m4, images, rtol)
+
+
 @pytest.mark.slow
 def test_paper_cnn_groups_of_three_and_a_client_alone_match(tmp_path: Path, stacked_steps: list[int]) -> None:
     # 4 clients, vmap_clients 3: one vmapped group of three (convolutions under vmap) and one client alone

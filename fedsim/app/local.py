@@ -247,7 +247,7 @@ def continue_locally(
         # the round after the run's last one: batches no round of the run drew
         seed = round_seed(cfg.seed, t.rounds + 1, client)
         seed_norm_noise(runtime.model, seed)
-        info = RoundInfo(t.rounds + 1, client, steps, None, t.lr, t.momentum, data.class_counts)
+        info = RoundInfo(t.rounds + 1, client, steps, None, t.lr, t.momentum, data.class_counts, t.max_grad_norm)
         work = ClientRound(runtime.model, ClientHooks(PluginParams()), runtime.stream(client, seed), info)
         train_local([work], runtime.optimizer(1), after_step=after_step)
         out.close()

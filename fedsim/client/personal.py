@@ -119,6 +119,7 @@ class Personalisation:
         optimizer: LocalSgd,
         forward: Forward | None = None,
     ) -> None:
+        info = replace(info, max_grad_norm=None)  # fine-tuning has step sizes of its own; the clipping is the rounds'
         trained = {id(p) for p in params}
         flags = [(p, p.requires_grad) for p in model.parameters()]
         for p, _ in flags:

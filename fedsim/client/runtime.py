@@ -118,13 +118,18 @@ class ClientRuntime:
         (result,) = train_local([work], self.optimizer(1))
         return self.reply(work, msg, context, result)
 
+    def round_info(self, msg: Message, context: Context) -> RoundInfo:
+        """The round of ``msg`` for the client ``context`` holds, as the run's training takes it."""
+        pid, t = wire.node_partition(context), self.cfg.train
+        server_round = int(msg.content.config_records[wire.CONFIG][wire.SERVER_ROUND])
+        counts = self.data(pid).class_counts
+        return RoundInfo(server_round, pid, t.local_steps, t.local_epochs, t.lr, t.momentum, counts, t.max_grad_norm)
+
     def begin(self, k: int, msg: Message, context: Context) -> ClientRound:
         """Slot ``k`` set up for the client ``context`` holds: its weights, batches and hooks."""
-        pid = wire.node_partition(context)
-        server_round = int(msg.content.config_records[wire.CONFIG][wire.SERVER_ROUND])
+        info = self.round_info(msg, context)
+        server_round, pid = info.server_round, info.partition_id
         model, hooks = self.slot(k)
-        data, t = self.data(pid), self.cfg.train
-        info = RoundInfo(server_round, pid, t.local_steps, t.local_epochs, t.lr, t.momentum, data.class_counts)
         seed = round_seed(self.cfg.seed, server_round, pid)
         seed_norm_noise(model, seed)  # a normaliser's own noise: per client and round, whatever process
         stream = self.stream(pid, seed)
@@ -208,13 +213,11 @@ class ClientRuntime:
         training, with the generic fine-tuning on batches of :func:`personal_seed` (never the training's)."""
         if self._personaliser is None:
             self._personaliser = Personaliser(self.model, self.cfg)
-        tuner, pid = self._personaliser, wire.node_partition(context)
-        server_round = int(msg.content.config_records[wire.CONFIG][wire.SERVER_ROUND])
-        data, t = self.data(pid), self.cfg.train
-        info = RoundInfo(server_round, pid, t.local_steps, t.local_epochs, t.lr, t.momentum, data.class_counts)
-        seed = personal_seed(self.cfg.seed, server_round, pid)
+        tuner, info = self._personaliser, self.round_info(msg, context)
+        seed = personal_seed(self.cfg.seed, info.server_round, info.partition_id)
         self.hooks.load_global(tuner.model, msg.content.array_records[wire.ARRAYS], context.state)
-        return self.hooks.personalize(tuner.model, context.state, tuner.fine_tune(self.stream(pid, seed), info, seed))
+        fine_tune = tuner.fine_tune(self.stream(info.partition_id, seed), info, seed)
+        return self.hooks.personalize(tuner.model, context.state, fine_tune)
 
 
 @lru_cache(maxsize=2)

@@ -100,6 +100,9 @@ def train_local(
         losses.sum().backward()
         for work in clients:
             work.hooks.correct_gradients(work.model)
+            if work.info.max_grad_norm is not None:  # the client's whole gradient, corrections included
+                parameters = [*work.model.parameters(), *work.hooks.own_parameters(work.model)]
+                torch.nn.utils.clip_grad_norm_(parameters, work.info.max_grad_norm)
         optimizer.step()
         totals += losses.detach()
         steps += 1
