@@ -26,7 +26,8 @@ def test_the_mean_and_std_over_seeds_are_at_the_rounds_every_seed_has() -> None:
     rounds, mean, std = mean_and_std([a, b], "client_mean_acc")
     assert rounds == [10, 20]  # round 30: one seed only, left out
     np.testing.assert_allclose(mean, [25.0, 50.0])
-    np.testing.assert_allclose(std, [5.0, 10.0])  # population std, as the report's
+    np.testing.assert_allclose(std, [np.sqrt(50), np.sqrt(200)])  # sample std (n - 1), as the report's
+    assert mean_and_std([a], "client_mean_acc")[2].tolist() == [0.0, 0.0]  # one seed: no band
 
 
 def test_personalised_accuracy_is_averaged_where_the_lines_have_it() -> None:

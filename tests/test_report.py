@@ -62,3 +62,19 @@ def test_the_rounds_to_target_column_names_the_target_it_used() -> None:
         "rounds to 50%", "rounds to 50.5%", "rounds to 7%", "rounds to 100%"
     ]  # fmt: skip
     assert [table(runs, target)[1][0][-1] for target in (0.5, 0.505)] == ["2", "-"]
+
+
+def test_each_plus_minus_is_the_sample_std_over_the_seeds() -> None:
+    """Seeds at 37.92% and 42.84% (FedLN's first two headline seeds) are 40.38 ± 3.48: the sample std, n - 1 in the
+    denominator, as docs/results.md's tables are (the population std would read 2.46); one seed is its number."""
+    from fedsim.app.report import table
+
+    def run(seed: int, acc: float) -> dict:  # type: ignore[type-arg]
+        summary = {"rounds": 200, "final_client_mean_acc": acc, "best_client_mean_acc": acc, "final_global_acc": None}
+        return {"config": {"seed": seed}, "summary": summary, "metrics": [{"round": 200, "client_mean_acc": acc}]}
+
+    _, rows = table([run(0, 0.3792), run(1, 0.4284)], 0.5)
+    assert rows[0][:4] == ["2", "200", "40.38 ± 3.48", "40.38 ± 3.48"]
+    _, rows = table([run(0, 0.10), run(1, 0.20), run(2, 0.60)], 0.5)
+    assert rows[0][2] == "30.00 ± 26.46"  # sqrt(((10 - 30)² + (20 - 30)² + (60 - 30)²) / 2) = sqrt(700)
+    assert table([run(0, 0.3792)], 0.5)[1][0][2] == "37.92"

@@ -74,7 +74,7 @@ class Sweep:
         return [Run(path) for path in run_dirs(self.dir)]
 
     def table(self, target: float = 0.5) -> pd.DataFrame:
-        """``fedsim report``'s table of the finished runs: one row per setting, seeds pooled (mean ± std)."""
+        """``fedsim report``'s table of the finished runs: one row per setting, seeds pooled (mean ± sample std)."""
         import pandas as pd
 
         from fedsim.app.report import load_runs, table

@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     plot.add_argument(
         "--mean-over-seeds", action="store_true",
-        help="accuracy.png: runs that differ only in their seed as one line, the mean, shaded ± std",
+        help="accuracy.png: runs that differ only in their seed as one line, the mean, shaded ± sample std",
     )  # fmt: skip
     plot.add_argument("--log-rounds", action="store_true", help="rounds on a log scale (accuracy, effective rank)")
     plot.add_argument(

@@ -1,11 +1,15 @@
 """Runs pooled over seeds: the rows of ``fedsim report`` and the bands of ``fedsim plot --mean-over-seeds``
-(:func:`seed_groups`), labelled by the config values they differ in (:func:`varying_keys`, :func:`short_keys`)."""
+(:func:`seed_groups`), labelled by the config values they differ in (:func:`varying_keys`, :func:`short_keys`),
+their spread over the seeds measured one way (:func:`measure_spread`)."""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
 from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
 
 from fedsim.config import NOT_LEARNING
 from fedsim.errors import DataError, FedsimError
@@ -78,3 +82,13 @@ def seed_groups(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
                 )
         groups.setdefault(label, []).append(run)
     return groups
+
+
+def measure_spread(values: ArrayLike) -> np.ndarray:
+    """The spread of a setting's seeds (along axis 0): their sample standard deviation, n - 1 in the denominator
+    (numpy's ``ddof=1``); 0 for one seed. Every ± of ``fedsim report`` and every band and error bar of
+    ``fedsim plot`` is this, and so is every ± of docs/results.md."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        return np.zeros(values.shape[1:])
+    return values.std(axis=0, ddof=1)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from fedsim.app.grouping import seed_groups, short_keys, varying_keys
+from fedsim.app.grouping import measure_spread, seed_groups, short_keys, varying_keys
 from fedsim.app.local import read_request
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.files import write_file
@@ -133,7 +133,7 @@ def plot_accuracy(
     per run or group left out of the figure, saying why (a run not evaluated yet).
 
     ``over_seeds``: one line per group of runs that differ only in their seed (:func:`seed_groups`),
-    the mean over the seeds that have evaluations (their count in the legend), shaded ± one standard deviation,
+    the mean over the seeds that have evaluations (their count in the legend), shaded ± one sample standard deviation,
     at the rounds every one of them evaluated. ``log_rounds``: rounds on a log scale; ``references``: accuracies
     (%) to mark, e.g. a paper's.
     """
@@ -177,7 +177,7 @@ def plot_accuracy(
     title = "client-mean accuracy" + (" (solid)" if with_global or with_personal else "")
     title += ", global-model accuracy (dashed)" if with_global else ""
     title += ", personalised client-mean (dotted)" if with_personal else ""
-    ax.set_title(title + (", mean ± std over seeds" if over_seeds else ""), fontsize=10)
+    ax.set_title(title + (", mean ± sample std over seeds" if over_seeds else ""), fontsize=10)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:  # none when no run is evaluated yet (said in the notes), not a warning
         ax.legend(fontsize=7, loc="best")
@@ -190,16 +190,16 @@ def _seeds(count: int) -> str:
 
 
 def mean_and_std(members: list[dict[str, Any]], key: str) -> tuple[list[int], np.ndarray, np.ndarray]:
-    """Rounds every member has ``key`` at, and the mean and std (population, as the report's) of 100 · value."""
+    """Rounds every member has ``key`` at, and the mean and sample std (as the report's) of 100 · value."""
     series = [dict(_series(run, key)) for run in members]
     rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
     values = np.array([[s[r] for r in rounds] for s in series], dtype=float).reshape(len(series), len(rounds))
-    return rounds, values.mean(axis=0), values.std(axis=0)
+    return rounds, values.mean(axis=0), measure_spread(values)
 
 
 def plot_final_vs(runs: list[dict[str, Any]], key: str, path: Path) -> int:
     """Final client-mean accuracy against the config value ``key`` (e.g. ``partition.beta``), one line
-    per combination of the other varying keys, mean ± std over seeds; returns the line count."""
+    per combination of the other varying keys, mean ± sample std over seeds; returns the line count."""
     others = [k for k in varying_keys(runs) if k != key]
     names = list(zip(short_keys(others), others, strict=True))
     lines: dict[str, dict[float, list[float]]] = {}
@@ -215,7 +215,7 @@ def plot_final_vs(runs: list[dict[str, Any]], key: str, path: Path) -> int:
     ax = fig.add_subplot()
     for label, points in sorted(lines.items()):
         xs = sorted(points)
-        ax.errorbar(xs, [np.mean(points[x]) for x in xs], yerr=[np.std(points[x]) for x in xs], marker="o",
+        ax.errorbar(xs, [np.mean(points[x]) for x in xs], yerr=[measure_spread(points[x]) for x in xs], marker="o",
                     capsize=3, label=label)  # fmt: skip
     xs = [x for points in lines.values() for x in points]
     if min(xs) > 0 and max(xs) / min(xs) >= 10:
@@ -378,7 +378,7 @@ def write_plots(
     """Write every figure the runs have data for into ``out``; returns (files written, notes on skipped ones).
 
     ``over_seeds``: the accuracy plot draws runs that differ only in their seed as one mean line with a
-    ± std band. ``log_rounds``: rounds on a log scale (accuracy, effective rank); ``references``:
+    ± sample std band. ``log_rounds``: rounds on a log scale (accuracy, effective rank); ``references``:
     accuracies (%) marked on the accuracy plot."""
     runs = [read_run(p) for p in find_runs(paths)]
     continuations = find_continuations(paths)

@@ -1,7 +1,7 @@
 """``fedsim report DIR``: a results table (Markdown + CSV) and an accuracy plot for a sweep.
 
 Runs are grouped by every config value that differs between them except the seed; each group
-reports mean +- std over its seeds of the final and best client-mean accuracy and the final
+reports mean ± sample std over its seeds of the final and best client-mean accuracy and the final
 global accuracy, the first evaluated round reaching ``--target`` client-mean accuracy, the final and
 best client-mean accuracy of the personalised models where the runs had ``eval.personal`` on, and the
 final effective rank of the penultimate features where the runs recorded diagnostics.
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fedsim.app.grouping import seed_groups, short_keys, varying_keys
+from fedsim.app.grouping import measure_spread, seed_groups, short_keys, varying_keys
 from fedsim.app.plots import plot_accuracy, plot_final_vs
 from fedsim.errors import FedsimError
 from fedsim.files import write_file
@@ -47,7 +47,7 @@ def _mean_std(values: list[float]) -> str:
         return "-"
     if len(values) == 1:
         return f"{100 * values[0]:.2f}"
-    return f"{100 * np.mean(values):.2f} ± {100 * np.std(values):.2f}"
+    return f"{100 * np.mean(values):.2f} ± {100 * measure_spread(values):.2f}"
 
 
 def rounds_to(metrics: list[dict[str, Any]], target: float) -> int | None:
