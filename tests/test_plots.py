@@ -82,3 +82,22 @@ def test_reference_lines_are_name_and_percent() -> None:
             parse_references([bad])
     with pytest.raises(ConfigError, match="'x' is given twice"):
         parse_references(["x=1", "x=2"])
+
+
+def test_the_title_names_only_the_lines_the_figure_has(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs without a global test set (eval.global_test: false) have no dashed line, and the title says none;
+    one with it names its dashed line; one with eval.personal its dotted one."""
+    from fedsim.app import plots
+
+    titles: list[str] = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: titles.append(fig.axes[0].get_title()))
+    plain = [{"round": 10, "client_mean_acc": 0.2}]
+    scored = [{"round": 10, "client_mean_acc": 0.2, "global_acc": 0.3}]
+    personal = [{"round": 10, "client_mean_acc": 0.2, "personal_acc": 0.9}]
+    for lines in (plain, scored, personal):
+        plot_accuracy([run(0, lines), run(1, lines)], tmp_path / "acc.png", with_global=True, over_seeds=True)
+    assert titles == [
+        "client-mean accuracy, mean ± sample std over seeds",
+        "client-mean accuracy (solid), global-model accuracy (dashed), mean ± sample std over seeds",
+        "client-mean accuracy (solid), personalised client-mean (dotted), mean ± sample std over seeds",
+    ]

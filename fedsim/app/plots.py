@@ -144,7 +144,7 @@ def plot_accuracy(
     else:
         groups = {label: [run] for run, label in zip(runs, run_labels(runs), strict=True)}
     notes: list[str] = []
-    with_personal = False
+    drew_global = with_personal = False  # the title names the dashed and dotted lines only where there are some
     for label, members in groups.items():
         # a seed not evaluated yet (a sweep under way) is left out and said: intersected with it, the group's
         # rounds were none, and the finished seeds vanished from the figure without a word
@@ -167,6 +167,7 @@ def plot_accuracy(
         glob_rounds, glob, _ = mean_and_std(drawn, "global_acc")
         if with_global and glob_rounds:
             ax.plot(glob_rounds, glob, color=line.get_color(), linestyle="--", linewidth=1)
+            drew_global = True
         personal_rounds, personal, _ = mean_and_std(drawn, "personal_acc")
         if personal_rounds:  # eval.personal on: the personalised models' client-mean, dotted
             ax.plot(personal_rounds, personal, color=line.get_color(), linestyle=":", linewidth=1.2)
@@ -174,8 +175,8 @@ def plot_accuracy(
     _mark_references(ax, references or {})
     _rounds_axis(ax, log_rounds)
     ax.set_ylabel("accuracy (%)")
-    title = "client-mean accuracy" + (" (solid)" if with_global or with_personal else "")
-    title += ", global-model accuracy (dashed)" if with_global else ""
+    title = "client-mean accuracy" + (" (solid)" if drew_global or with_personal else "")
+    title += ", global-model accuracy (dashed)" if drew_global else ""
     title += ", personalised client-mean (dotted)" if with_personal else ""
     ax.set_title(title + (", mean ± sample std over seeds" if over_seeds else ""), fontsize=10)
     ax.grid(alpha=0.3)
