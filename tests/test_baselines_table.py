@@ -84,7 +84,8 @@ def test_each_number_of_the_table_is_the_runs_own(row: re.Match[str]) -> None:
     assert lift == (f"{means[1] - means[0]:+.2f}" if len(means) == 2 else "-"), (lift, means)
 
 
-def test_every_finished_run_of_the_sweep_is_in_the_table() -> None:
+def test_every_strategy_of_the_sweep_has_its_row() -> None:
+    """Each strategy with a run directory in the sweep, finished or not, has its row ("not measured yet" till then)."""
     stated = {m["method"].lower() for m in rows()}
     swept = {path.name.split(",")[1].removeprefix("strategy=") for path in RESULTS.glob("seed=*")}
     assert swept <= stated, swept - stated
