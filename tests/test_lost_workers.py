@@ -134,10 +134,15 @@ def test_skip_goes_on_without_the_clients_of_a_killed_worker_and_a_new_worker_se
     assert [m["round"] for m in lines] == [1, 2, 3, 4, 5, 6]
     lost = lines[2]["failed_clients"]["3"]
     assert 1 in lost and len(lost) < 4  # the killed worker's clients, no others
-    assert all("failed_clients" not in m for m in lines[:2] + lines[3:])
-    assert all(acc is not None for m in lines[3:] for acc in m["client_acc"])  # a new worker serves them all
+    failed = {m["round"]: m["failed_clients"][str(m["round"])] for m in lines if "failed_clients" in m}
+    # the pool replaces the worker before its next batch; Flower's pool gives the dead worker messages while Ray
+    # replaces its process, which fail too (docs/checkpoints.md): on a loaded machine, into the next rounds
+    after = [r for r in failed if r > 3]
+    assert after == [] if engine is POOL else after == list(range(4, 4 + len(after))), failed
+    assert 6 not in failed and all(acc is not None for acc in lines[-1]["client_acc"])  # a new worker serves them
     said = said_lines(err)
-    assert_said("rounds skipped", said[-1], rounds=f"round 3: {', '.join(map(str, lost))}")
+    skipped = "; ".join(f"round {r}: {', '.join(map(str, clients))}" for r, clients in failed.items())
+    assert_said("rounds skipped", said[-1], rounds=skipped)
     if engine is POOL:  # its worker kept its clients' state, which a new worker starts without
         (replaced,) = said[:-1]
         assert_said("worker died, replaced", replaced, clients="[0-9, ]+", node=r"on node \S+ \(id \w+\) ",
