@@ -1,11 +1,17 @@
 """Every built-in strategy whose Messages are not FedAvg's (tests/strategy_rows.py: records of its own, or replies that
-hold part of the model) gives the numbers of the inline engine under a Ray pool, Flower's simulation runtime and
-``fedsim deploy`` (a SuperLink and a SuperNode per client): its Message records go over each transport and its client
-state lives in each runtime's node contexts (Ray actors, Flower's node states, SuperNode processes). Two clients of
-three train each round, so a client's state waits rounds between uses; one strategy's run scores the generic
-personalisation too (eval.personal: fine-tuned on each client, under each runtime). The other strategies send
-FedAvg's Messages, whose engines agree (tests/test_engines.py), and differ only in the server's or the client's
-arithmetic, which is the same code under every engine."""
+hold part of the model) gives the numbers of the inline engine under a Ray pool and Flower's simulation runtime: its
+Message records go over each transport and its client state lives in each runtime's node contexts (Ray actors,
+Flower's node states). Two clients of three train each round, so a client's state waits rounds between uses; one
+strategy's run scores the generic personalisation too (eval.personal: fine-tuned on each client, under each
+runtime). The other strategies send FedAvg's Messages, whose engines agree (tests/test_engines.py), and differ only
+in the server's or the client's arithmetic, which is the same code under every engine.
+
+Under ``fedsim deploy`` (a SuperLink and a SuperNode per client), the rows whose deployed work differs from the
+others': CCVR's message kind of its own, FedRoD's personal heads kept by the SuperNodes and scored there, and FedNova's
+own record beside the generic personalisation. Every row's Messages and client state go over Flower's wire format as
+a deployment carries them in the quick suite (tests/test_wire_format.py), and SCAFFOLD's c_i over a deployment killed
+and resumed is tests/test_deploy.py's: a deployment of each row would add the start of its ~13 processes (over a
+minute on 2 cores) and what fedsim deploy does the same for every strategy."""
 
 from __future__ import annotations
 
@@ -28,27 +34,49 @@ TRAIN = {"rounds": 3, "num_clients": 3, "clients_per_round": 2}
 FINE_TUNED = {"fednova": {"personal": {"steps": 3, "params": "classifier", "every": 2}}}
 
 
-@pytest.mark.slow
-@pytest.mark.engines
-@pytest.mark.parametrize("name", [name for name in strategy_rows.ROWS if strategy_rows.has_own_messages(name)])
-def test_every_strategy_gives_the_inline_numbers_under_ray_flower_and_deploy(tmp_path: Path, name: str) -> None:
+OWN_MESSAGES = [name for name in strategy_rows.ROWS if strategy_rows.has_own_messages(name)]
+DEPLOYED = ["ccvr", "fedrod", "fednova"]
+
+
+def row_config(tmp_path: Path, name: str, where: str, **more: Any) -> Any:
+    """The row's run of 3 rounds, 2 clients of 3 a round, evaluated every round, under ``where``."""
     row = strategy_rows.sections(name)
     evaluation = {**row.get("eval", {}), "every": 1, **FINE_TUNED.get(name, {})}
     sections: dict[str, Any] = {**row, "train": TRAIN, "eval": evaluation}
+    return parse_config(small_config(tmp_path / where, **sections, **more))
 
-    def config(where: str, **more: Any) -> Any:
-        return parse_config(small_config(tmp_path / where, **sections, **more))
 
-    inline = metrics(Path(run(config("inline"))["run_dir"]))
+def inline_metrics(tmp_path: Path, name: str) -> list[dict[str, Any]]:
+    inline = metrics(Path(run(row_config(tmp_path, name, "inline"))["run_dir"]))
     assert [m["round"] for m in inline] == [1, 2, 3]
     if name in FINE_TUNED:
         assert [m["round"] for m in inline if "personal_acc" in m] == [2, 3]  # every 2 rounds, and the last
-    pool = config("pool", simulation={"backend": "ray", "client_resources": {"num_cpus": 1}})
+    return inline
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+@pytest.mark.parametrize("name", OWN_MESSAGES)
+def test_every_strategy_gives_the_inline_numbers_under_ray_and_flower(tmp_path: Path, name: str) -> None:
+    inline = inline_metrics(tmp_path, name)
+    pool = row_config(tmp_path, name, "pool", simulation={"backend": "ray", "client_resources": {"num_cpus": 1}})
     assert metrics(Path(run(pool)["run_dir"])) == inline  # Ray actors: bit for bit
-    flower = config("flower", engine="flower", simulation={"client_resources": {"num_cpus": 1}})
+    flower = row_config(tmp_path, name, "flower", engine="flower", simulation={"client_resources": {"num_cpus": 1}})
     assert metrics(Path(run(flower)["run_dir"])) == inline  # Flower's runtime: bit for bit
-    deployed = metrics(Path(deploy(config("deploy"))["run_dir"]))
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+@pytest.mark.parametrize("name", DEPLOYED)
+def test_the_strategies_that_deploy_differently_give_the_inline_numbers_under_deploy(tmp_path: Path, name: str) -> None:
+    inline = inline_metrics(tmp_path, name)
+    deployed = metrics(Path(deploy(row_config(tmp_path, name, "deploy"))["run_dir"]))
     assert_same_numbers(deployed, inline)  # the SuperNodes' threads: tests/test_deploy.py
     for d, i in zip(deployed, inline, strict=True):  # personalised scores, in the rounds that have them
         assert ("client_personal_acc" in d) == ("client_personal_acc" in i)
         assert d.get("client_personal_acc") == pytest.approx(i.get("client_personal_acc"), abs=1e-6)
+    assert any("client_personal_acc" in d for d in deployed) == (name != "ccvr")  # scored on the SuperNodes
+
+
+def test_the_deployed_rows_are_rows_with_messages_of_their_own() -> None:
+    assert set(DEPLOYED) <= set(OWN_MESSAGES)
