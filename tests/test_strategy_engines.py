@@ -75,7 +75,8 @@ def test_the_strategies_that_deploy_differently_give_the_inline_numbers_under_de
     for d, i in zip(deployed, inline, strict=True):  # personalised scores, in the rounds that have them
         assert ("client_personal_acc" in d) == ("client_personal_acc" in i)
         assert d.get("client_personal_acc") == pytest.approx(i.get("client_personal_acc"), abs=1e-6)
-    assert any("client_personal_acc" in d for d in deployed) == (name != "ccvr")  # scored on the SuperNodes
+    personal = "personal" in {**strategy_rows.ROWS[name].get("eval", {}), **FINE_TUNED.get(name, {})}
+    assert any("client_personal_acc" in d for d in deployed) == personal  # scored on the SuperNodes
 
 
 def test_the_deployed_rows_are_rows_with_messages_of_their_own() -> None:
