@@ -73,22 +73,18 @@ ENGINES: dict[str, list[str]] = {
     "ray-pool": ["simulation.backend=ray"],
     "flower": ["engine=flower"],
 }
-# The README's quick suite runs FedAvg and SCAFFOLD (client state, partial participation) inline; the other
-# cases inline, and the other engines on the cases whose state they route differently (SCAFFOLD's control
-# variates and FedBN's local tensors, partial participation), are `slow` (CI runs them after the quick suite);
-# the rest of the grid is marked `grid` (minutes), run by CI after those (.ci/run).
+# Every case inline; the other engines on the cases whose state they route differently (SCAFFOLD's control
+# variates and FedBN's local tensors, partial participation). The other cases send FedAvg's Messages, whose
+# engines agree (tests/test_engines.py), and differ only in the server's arithmetic, the same code under every
+# engine; every strategy with Messages of its own is tests/test_strategy_engines.py's. The README's quick suite
+# runs FedAvg and SCAFFOLD inline, the rest is `slow` (CI runs it after the quick suite).
 QUICK = {("fedavg", "inline"), ("scaffold-partial", "inline")}
-SLOW = {(case, "inline") for case in CASES} - QUICK | {
-    ("scaffold-partial", "ray-pool"), ("fedbn", "ray-pool"),
-    ("scaffold-partial", "flower"), ("fedavgm-partial", "flower"),
-}
+OTHER_ENGINES = [("scaffold-partial", "ray-pool"), ("fedbn", "ray-pool"), ("scaffold-partial", "flower"),
+                 ("fedavgm-partial", "flower")]  # fmt: skip
 GRID = [
-    pytest.param(
-        case, engine,
-        marks=() if (case, engine) in QUICK else pytest.mark.slow if (case, engine) in SLOW else pytest.mark.grid,
-    )
-    for engine in ENGINES for case in CASES
-]  # fmt: skip
+    pytest.param(case, engine, marks=() if (case, engine) in QUICK else pytest.mark.slow)
+    for case, engine in [(case, "inline") for case in CASES] + OTHER_ENGINES
+]
 WALL_CLOCK = ("time_s", "rss_mb")  # facts about the machine, not results
 UPDATE = os.environ.get("FEDSIM_UPDATE_GOLDEN") == "1"
 
