@@ -18,7 +18,7 @@ from fedsim.app.cli import main
 from fedsim.config_file import load_config
 from fedsim.deploy.compose import compose_topology
 from fedsim.errors import ConfigError
-from tests.conftest import CIFAR_Q75, MNIST_SMALL, REPO, disk_full_at
+from tests.conftest import CIFAR_Q75, MNIST_SMALL, REPO, disk_full_at, one_line
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 CIFAR = REPO / "configs" / "cifar10_1class_fedavg.yaml"
@@ -335,6 +335,21 @@ def test_compose_rejects_zero_nodes_and_missing_certificates(
     assert main(["compose", str(QUICKSTART), "--out", str(tmp_path / "q"), "--set", "deploy.tls=true", certs]) == 2
     assert "deploy.certificates.ca" in (err := capsys.readouterr().err) and "nope.pem" in err
 
+
+
+def test_a_config_that_does_not_fit_its_data_or_model_is_refused_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where the data is on this host, compose checks the config against it as fedsim run does (it wrote a project
+    whose ServerApp failed only once the containers ran); data on the nodes' host only is theirs to check."""
+    for bad, field in (("strategy.etf_dim=3", "strategy.etf_dim = 3"), ("model.norm=none", "model.norm: strategy")):
+        name = "fedetf" if "etf" in bad else "fedbn"
+        args = ["--set", f"strategy.name={name}", bad]
+        assert main(["compose", str(QUICKSTART), "--out", str(tmp_path / "p"), *args]) == 2
+        assert one_line(capsys.readouterr().err).startswith(f"fedsim: error: {field}")
+        assert not (tmp_path / "p").exists()
+    elsewhere = ["data.root=/srv/nodes-only/mnist_small.npz"]  # not on this host
+    compose(QUICKSTART, tmp_path / "q", "--set", "strategy.name=fedetf", "strategy.etf_dim=3", *elsewhere)
 
 def test_compose_writes_only_into_a_project_of_its_own(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     theirs = tmp_path / "theirs"

@@ -65,6 +65,21 @@ def test_invalid_cells_are_refused_together_before_any_run(tmp_path: Path, capsy
     assert not (tmp_path / "sweeps").exists()
 
 
+
+def test_cells_that_do_not_fit_their_data_or_model_are_refused_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What only the data and the model can check (an ETF of fewer dimensions than the dataset's classes, FedBN on
+    a model without normalisation weights) is checked for every cell as fedsim run checks it, before the first
+    cell trains: such a cell failed hours into a sweep, after the cells before it."""
+    etf, fedbn = {"strategy": {"name": "fedetf", "etf_dim": 3}}, {"model.norm": "none", "strategy": {"name": "fedbn"}}
+    path = make_sweep(tmp_path, {}, cells=[{"strategy": {"name": "fedavg"}}, etf, fedbn])
+    assert main(["sweep", str(path)]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "2 of 3" in line and f"cell {cell_name(etf)}: strategy.etf_dim = 3" in line, line
+    assert f"cell {cell_name(fedbn)}: model.norm: strategy 'fedbn'" in line, line
+    assert not (tmp_path / "sweeps").exists()
+
 @pytest.mark.parametrize(
     ("grid", "extra", "named"),
     [

@@ -31,15 +31,16 @@ import yaml
 
 from fedsim.config import RunConfig
 from fedsim.config_file import parse_config
+from fedsim.data.generated import GeneratedLoader
 from fedsim.deploy.keys import SECRET, make_node_keys, make_tls
 from fedsim.deploy.topology import RUNTIME_ENV, SUPERNODE_RUNTIME_PORT, TlsFiles, Topology, write_app
-from fedsim.engines.runner import OFFLINE_ENV
+from fedsim.engines.runner import OFFLINE_ENV, check_runnable
 from fedsim.errors import ConfigError, FedsimError, WriteError
 from fedsim.experiment.resolve import resolve
 from fedsim.files import check_links, make_dirs, remove, write_file
 from fedsim.names import check_host
 from fedsim.ownership import MARKER, check_own, mark_own
-from fedsim.paths import PACKAGE_PREFIX
+from fedsim.paths import PACKAGE_PREFIX, package_path
 from fedsim.reading import MIB, read_bytes
 
 DEFAULT_PORT = 9093
@@ -215,6 +216,18 @@ def compose_project(cfg: RunConfig, topo: Topology, node_memory: str | None = No
     return {"services": services}
 
 
+def check_against_data_here(cfg: RunConfig) -> None:
+    """The plugins and their options, as ``fedsim run`` checks them before anything is written; and, where the
+    data is on this host (generated, shipped in fedsim, or at ``data.root``), the config against the data, the
+    model and the strategy as ``fedsim run`` checks it (a normaliser or a strategy that does not fit the model, a
+    batch larger than the data), less the device, which is the nodes'. Data that is elsewhere (``$FEDSIM_DATA``
+    on the nodes' host) is checked by the ServerApp as the run starts."""
+    experiment = resolve(cfg)
+    root = cfg.data.root
+    if isinstance(experiment.loader, GeneratedLoader) or (root is not None and package_path(root).exists()):
+        check_runnable(experiment, "deploy")
+
+
 def project_name(cfg: RunConfig) -> str:
     return re.sub(r"[^a-z0-9_-]", "-", f"fedsim-{cfg.name}".lower())
 
@@ -248,7 +261,7 @@ def write_compose(
             f"{'--nodes' if nodes is not None else 'train.num_clients ='} {n}: fedsim compose writes one SuperNode "
             f"container per client, at most {MAX_NODES:,} (one Docker network); run more clients with fedsim run"
         )
-    resolve(cfg)  # the plugins and their options, as fedsim run checks them before anything is written
+    check_against_data_here(cfg)
     check_mounts(cfg, out)
     topo = compose_topology(cfg, superlink_host)
     check_own(out, PROJECT_KIND, "--out")

@@ -6,7 +6,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -68,15 +68,17 @@ def plan(cfg: RunConfig, resume: bool = False) -> Experiment:
     return resolve(cfg)
 
 
-def check_runnable(experiment: Experiment) -> None:
+def check_runnable(experiment: Experiment, launcher: Literal["run", "deploy"] = "run") -> None:
     """The checks of a config against its data, model and strategy (the device, sizes, the model and the
     strategy's server half, ``vmap_clients``): bad data fails here, before any process or directory is made.
-    ``fedsim run`` and ``fedsim local`` both train only a config that passes them."""
+    ``fedsim run``, ``fedsim local`` and each cell of ``fedsim sweep`` train only a config that passes them;
+    ``fedsim compose`` (``launcher="deploy"``) writes only one, less the device, which is its nodes'."""
     cfg = experiment.config
-    check_device(cfg)
+    if launcher == "run":
+        check_device(cfg)
     check_sizes(cfg, experiment.federation())
     model = check_halves(experiment)
-    if why := refusal(cfg, "run", lambda: model):
+    if why := refusal(cfg, launcher, lambda: model):
         raise ConfigError(why)
 
 

@@ -31,7 +31,16 @@ from fedsim.reading import SUMMARY_BYTES, read_text
 from fedsim.record.claim import claimed
 from fedsim.record.paths import check_run_links
 from fedsim.record.reader import read_summary
-from fedsim.sweep.plan import OUTPUT, RaySweep, SweepFile, check_data, plan, read_sweep, refuse_bad_cells, state_of
+from fedsim.sweep.plan import (
+    OUTPUT,
+    RaySweep,
+    SweepFile,
+    check_against_data,
+    plan,
+    read_sweep,
+    refuse_bad_cells,
+    state_of,
+)
 
 FAILED = "failed.json"  # in the sweep directory: the cells that failed in the last sweep, and why
 
@@ -223,7 +232,7 @@ def run_sweep(
         except ConfigError as err:
             bad[name] = str(err)
     if not bad and (sweep.ray is None or sweep.ray.address is None):  # a cluster's nodes hold its own data
-        bad = check_data([(n, c) for n, c in runs if states[n] != "done"])
+        bad = check_against_data([(n, c) for n, c in runs if states[n] != "done"])
     refuse_bad_cells(bad, len(runs))
     todo = [(n, cell_layout(c, sweep, workers), states[n] == "resume") for n, c in runs if states[n] != "done"]
     resumed = sum(resume for _, _, resume in todo)

@@ -25,8 +25,9 @@ given for a cell (:data:`SWEEP_OWNED`) is refused, as are two cells whose names 
 with other settings (say a short ``--set train.rounds=20`` run where the full budget now goes) is an
 error, never silently taken for the cell; so is one without a readable ``config.yaml`` (a damaged run directory).
 
-Bad cells: every cell's config is validated before the first run starts, and each distinct dataset
-read once (not on a Ray cluster, whose nodes hold their own); if any cell is invalid the sweep runs
+Bad cells: every cell's config is validated before the first run starts, each distinct dataset read once
+and each cell checked against its data, model and strategy as ``fedsim run`` checks it (not on a Ray cluster,
+whose nodes hold their own data); if any cell is invalid the sweep runs
 nothing and names each bad cell with its reason (exit status 2), so a typo in one cell does not cost
 the hours of the cells before it.
 
@@ -337,11 +338,14 @@ def refuse_bad_cells(bad: dict[str, str], size: int, shown: int = 5) -> None:
     raise ConfigError(f"{len(bad)} of {size} sweep cells are invalid, so none was run: " + "; ".join(reasons))
 
 
-def check_data(runs: list[tuple[str, RunConfig]]) -> dict[str, str]:
-    """The cells whose dataset cannot be read here, and why: each distinct dataset read once, before any
-    run (data that is missing or corrupt would otherwise fail every cell in turn)."""
+def check_against_data(runs: list[tuple[str, RunConfig]]) -> dict[str, str]:
+    """The cells that cannot run here, and why, before any run: each distinct dataset read once (data that is
+    missing or corrupt would otherwise fail every cell in turn), then each cell checked against its data, model
+    and strategy as ``fedsim run`` checks it (:func:`fedsim.engines.runner.check_runnable`: a batch larger than
+    the data, a normaliser or a strategy that does not fit the model), so a bad cell does not fail hours in."""
     from fedsim.data.base import data_source, read_dataset
     from fedsim.data.generated import GeneratedLoader
+    from fedsim.engines.runner import check_runnable
 
     why: dict[str, str | None] = {}
     bad = {}
@@ -355,7 +359,12 @@ def check_data(runs: list[tuple[str, RunConfig]]) -> dict[str, str]:
                 why[key] = None
             except FedsimError as err:
                 why[key] = str(err)
-        if (reason := why[key]) is not None:
+        if (reason := why[key]) is None:
+            try:
+                check_runnable(resolve(cfg))
+            except FedsimError as err:
+                reason = str(err)
+        if reason is not None:
             bad[name] = reason
     return bad
 
