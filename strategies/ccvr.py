@@ -24,6 +24,8 @@ from fedsim import wire
 from fedsim.arrays import array_view, to_array_record
 from fedsim.errors import ConfigError
 from fedsim.models import FedsimModel
+from fedsim.models.size import machine_memory
+from fedsim.reading import GIB
 from fedsim.strategies.aggregation import FastAveraging
 from fedsim.strategies.base import STRATEGIES, StrategySpec
 from fedsim.strategies.server_half import EVERY_NODE, ServerSetup
@@ -105,6 +107,27 @@ def calibrate_classifier(
     return w.detach(), None if b is None else b.detach()
 
 
+# The server holds the virtual features about this many times over in float64 at once: the classes' draws, their
+# concatenation, and the float32 copy the retraining reads (half of one) with a class's noise being drawn.
+VIRTUAL_COPIES = 3
+
+
+def check_virtual_memory(per_class: int, classifier: nn.Linear) -> None:
+    """Refuse ``virtual_per_class`` where the virtual features of every class (K·M_c vectors of d float64s, held
+    :data:`VIRTUAL_COPIES` times) need more than half this machine's memory: they are drawn at the first
+    evaluation, after rounds of training, where running out of memory would lose the run."""
+    classes, width = classifier.out_features, classifier.in_features
+    nbytes = VIRTUAL_COPIES * 8 * classes * per_class * width
+    limit = machine_memory() // 2
+    if nbytes > limit:
+        most = limit // (VIRTUAL_COPIES * 8 * classes * width)
+        raise ConfigError(
+            f"strategy.virtual_per_class = {per_class:,}: {classes} classes x {per_class:,} virtual features of "
+            f"{width} float64s, held about {VIRTUAL_COPIES} times, need {nbytes / GIB:,.1f} GiB, more than half this "
+            f"machine's {machine_memory() / GIB:,.1f} GiB: give at most {most:,}"
+        )
+
+
 class CCVRServer(FastAveraging):
     """FedAvg; the model scored is calibrated on virtual features drawn from the clients' feature statistics."""
 
@@ -144,9 +167,13 @@ class CCVRSpec(StrategySpec):
         return CCVRServer(self.params, setup.seed, **EVERY_NODE)
 
     def adapt_model(self, model: FedsimModel, seed: int) -> FedsimModel:
-        if not isinstance(model.classifier, nn.Linear):
+        # exactly nn.Linear: a subclass (model.norm l2's L2Linear, affine_like's AffineLinear) computes another
+        # function of the features than the W·z + b the calibration fits
+        if type(model.classifier) is not nn.Linear:
             raise ConfigError(
-                f"strategy: ccvr retrains a linear classifier; this model's classifier is a "
-                f"{type(model.classifier).__name__}"
+                f"strategy: ccvr retrains a linear classifier, W·z + b; this model's classifier is a "
+                f"{type(model.classifier).__name__}: give a model.norm that leaves it linear (none, ln, bn, gn, ...), "
+                "or another strategy"
             )
+        check_virtual_memory(self.params.virtual_per_class, model.classifier)
         return model

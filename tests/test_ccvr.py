@@ -177,12 +177,30 @@ def test_a_run_trains_as_fedavg_and_scores_its_calibrated_model(tmp_path: Path, 
     assert not torch.equal(saved["classifier.weight"], plain["classifier.weight"])  # model.pt: the scored model
 
 
-def test_a_model_without_a_linear_classifier_is_refused_in_one_line() -> None:
+@pytest.mark.parametrize("norm", ["l2", "affine_like"])
+def test_a_model_without_a_linear_classifier_is_refused_in_one_line(norm: str) -> None:
+    """A classifier that is not W·z + b: a Sequential, and the nn.Linear subclasses of model.norm l2 and affine_like
+    (they normalise by the features' norm, so the calibration fitted W·z + b and the model scored another map)."""
     model = create_model("mlp", CLASSES, (1, 3, 3), create_norm("ln"), {"hidden": [6]})
     model.classifier = nn.Sequential(nn.Linear(6, CLASSES))
-    with pytest.raises(ConfigError, match=r"^strategy: ccvr retrains a linear classifier; .* Sequential$"):
+    with pytest.raises(ConfigError, match=r"^strategy: ccvr retrains a linear classifier, .* Sequential: give"):
+        spec("ccvr").adapt_model(model, SEED)
+    model = create_model("mlp", CLASSES, (1, 3, 3), create_norm(norm), {"hidden": [6]})
+    assert isinstance(model.classifier, nn.Linear) and type(model.classifier) is not nn.Linear
+    with pytest.raises(ConfigError, match=r"^strategy: ccvr retrains a linear classifier, W·z \+ b; .*Linear: give"):
         spec("ccvr").adapt_model(model, SEED)
 
+
+
+def test_virtual_features_the_machine_cannot_hold_are_refused_before_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    """K·M_c features of d float64s, held about 3 times, in at most half the machine's memory: drawn at the first
+    evaluation, after rounds of training, they would otherwise run out of memory there and lose the run."""
+    model = create_model("mlp", CLASSES, (1, 3, 3), create_norm("ln"), {"hidden": [6]})  # d = 6
+    per_feature = 3 * 8 * CLASSES * 6  # bytes per virtual feature of each class
+    monkeypatch.setattr("fedsim.strategies.ccvr.machine_memory", lambda: 2 * 1000 * per_feature)
+    assert spec("ccvr", virtual_per_class=1000).adapt_model(model, SEED) is model  # exactly half: accepted
+    with pytest.raises(ConfigError, match=r"^strategy.virtual_per_class = 1,001: .*: give at most 1,000$"):
+        spec("ccvr", virtual_per_class=1001).adapt_model(model, SEED)
 
 @pytest.mark.parametrize("policy", ["fail", "skip"])
 def test_clients_that_fail_to_send_their_statistics_stop_the_run(
