@@ -35,6 +35,8 @@ class StrategySpec:
     Params = PluginParams
     Client: ClassVar[type[ClientHooks]] = ClientHooks
     protocol: ClassVar[tuple[wire.Key, ...]] = ()
+    # its options read only by a personalisation of its own: refused with personalised evaluation off
+    personal_options: ClassVar[frozenset[str]] = frozenset()
     params: Any
 
     def __init__(self, params: PluginParams) -> None:
@@ -52,6 +54,13 @@ class StrategySpec:
         """The run's model as this strategy trains it, from the recipe's ``model`` and the run's ``seed``: the same
         on the server and every client (FedETF swaps the classifier for its fixed ETF). By default ``model``."""
         return model
+
+    def fine_tunes(self) -> bool:
+        """Whether personalised evaluation fine-tunes this strategy's model generically, reading
+        ``eval.personal.steps``, ``params`` and ``lr`` (:meth:`ClientHooks.personalize`'s default, which an override
+        may still call); a strategy whose client half personalises its own way, reading none of them, returns False
+        (FedRoD's personal head), and those options are then refused as a measurement believed made."""
+        return True
 
 
 class FlowerStrategySpec(StrategySpec):

@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, RecordDict
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 from torch import nn
 
 from fedsim.arrays import dump_arrays
@@ -55,6 +55,10 @@ class ETFClassifier(nn.Module):
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         mu = F.normalize(self.projection(z), dim=1, eps=1e-12)
         return self.scale * (mu @ self.etf)
+
+
+# the local adaptation's own options (FedETFSpec.Params)
+ADAPT_OPTIONS = frozenset({"adapt_alternations", "adapt_epochs", "adapt_etf_lr", "adapt_projection_lr"})
 
 
 class FedETFClient(ClientHooks["FedETFSpec.Params"]):
@@ -123,6 +127,22 @@ class FedETFSpec(StrategySpec):
         adapt_projection_lr: float = Field(
             0.05, gt=0, description="P's fine-tuning learning rate (SGD, train.momentum and train.weight_decay)"
         )
+
+        @field_validator(*sorted(ADAPT_OPTIONS))
+        @classmethod
+        def _read_by_the_adaptation(cls, value: float, info: ValidationInfo) -> float:
+            # given (a default is not validated) beside the generic fine-tuning: a measurement believed made
+            if info.data.get("adaptation") is False:
+                raise ValueError(
+                    "read only by the local adaptation, which adaptation: false turns off; remove it, or set "
+                    "adaptation: true"
+                )
+            return value
+
+    personal_options = ADAPT_OPTIONS | {"adaptation"}
+
+    def fine_tunes(self) -> bool:
+        return not self.params.adaptation  # the local adaptation reads train's work and its own options
 
     def adapt_model(self, model: FedsimModel, seed: int) -> FedsimModel:
         classes = model.num_classes

@@ -114,3 +114,6 @@ class FedRoDSpec(StrategySpec):
         gamma: float = Field(
             1.0, ge=0, description="exponent γ on the class counts in the balanced softmax (1: Ren et al.'s BSM)"
         )
+
+    def fine_tunes(self) -> bool:
+        return False  # personalised: its personal head, as trained, no fine-tuning

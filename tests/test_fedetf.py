@@ -229,7 +229,8 @@ def test_a_run_learns_and_keeps_the_initial_etf(tmp_path: Path, one_thread: None
 @pytest.mark.parametrize("adaptation", [True, False])
 def test_personalised_accuracy_is_the_local_adaptations(tmp_path: Path, one_thread: None, adaptation: bool) -> None:
     sections = strategy_rows.sections("fedetf")  # eval.personal.steps: 0, a shortened local adaptation
-    sections["strategy"]["adaptation"] = adaptation
+    if not adaptation:  # the adaptation's options are refused without it (test_unread_options_are_refused)
+        sections["strategy"] = {"name": "fedetf", "etf_dim": 12, "adaptation": False}
     summary = run(parse_config(small_config(tmp_path, **sections)))
     scores = [(m["client_mean_acc"], m["personal_acc"]) for m in metrics(Path(summary["run_dir"]))]
     assert len(scores) == 2

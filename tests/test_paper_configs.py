@@ -148,8 +148,10 @@ def test_the_personalised_comparison_is_the_four_and_fedavg_at_the_headline_sett
         assert (cfg.train.rounds, cfg.eval.every, cfg.train.num_clients, cfg.train.local_steps) == (200, 10, 10, 10)
         assert (cfg.train.batch_size, cfg.train.lr, cfg.train.momentum, cfg.model.name) == (32, 0.01, 0.0, "cnn")
         assert cfg.partition.options["classes_per_client"] == 1
-        # FedBABU's fine-tuning: 5 epochs over a client's 5,000 images at B = 32, once, after the last round
-        assert (cfg.eval.personal.steps, cfg.eval.personal.params, cfg.eval.personal.every) == (780, "all", 200)
+        # FedBABU's fine-tuning: 5 epochs over a client's 5,000 images at B = 32, once, after the last round; FedRoD's
+        # personal head and FedETF's local adaptation read no steps (0: personalised evaluation on)
+        steps = 0 if cfg.strategy.name in ("fedrod", "fedetf") else 780
+        assert (cfg.eval.personal.steps, cfg.eval.personal.params, cfg.eval.personal.every) == (steps, "all", 200)
         assert cfg.strategy.options == {}  # each strategy at its paper's defaults
     methods = {(cfg.strategy.name, cfg.model.norm.name, cfg.seed) for _, cfg in cells}
     strategies = ("fedavg", "ccvr", "fedbabu", "fedrod", "fedetf")

@@ -25,7 +25,7 @@ from fedsim.models import FedsimModel
 from fedsim.record.checkpoint import _check_same_run as check_same_run
 from fedsim.strategies import ClientHooks, StrategySpec
 from fedsim.strategies.hooks import FineTune
-from tests.conftest import small_config
+from tests.conftest import one_line, small_config, write_config
 
 WALL_CLOCK = ("time_s", "rss_mb")  # facts about the machine, not results
 
@@ -165,6 +165,45 @@ def test_a_strategy_personalises_through_its_hook(tmp_path: Path, one_thread: No
     assert [line["client_personal_acc"] for line in own] == [line["client_acc"] for line in own]
     assert generic[-1]["personal_acc"] != generic[-1]["client_mean_acc"]
 
+
+
+@pytest.mark.parametrize(
+    ("strategy", "personal", "named"),
+    [
+        # FedRoD scores its personal head and FedETF its local adaptation: no fine-tuning steps, params or lr
+        ({"name": "fedrod"}, {"steps": 3}, "eval.personal.steps = 3: strategy 'fedrod' personalises its own way"),
+        ({"name": "fedrod"}, {"steps": 0, "lr": 0.5}, "eval.personal.lr = 0.5: strategy 'fedrod'"),
+        ({"name": "fedetf"}, {"steps": 0, "params": "classifier"}, "eval.personal.params = 'classifier': strategy"),
+        # the local adaptation's own options, with personalised evaluation off or the adaptation off
+        ({"name": "fedetf", "adapt_epochs": 5}, {}, "strategy.adapt_epochs is read only by fedetf's personalisation"),
+        ({"name": "fedetf", "adaptation": False}, {}, "strategy.adaptation is read only by fedetf's"),
+        (
+            {"name": "fedetf", "adaptation": False, "adapt_alternations": 500}, {"steps": 2},
+            "strategy.adapt_alternations = 500 for strategy 'fedetf': read only by the local adaptation",
+        ),
+    ],
+)  # fmt: skip
+def test_what_personalised_evaluation_would_not_read_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], strategy: dict, personal: dict, named: str
+) -> None:
+    """A value that changes nothing would be a measurement believed made, as eval.personal.lr without steps is."""
+    config = write_config(tmp_path, small_config(tmp_path, strategy=strategy, eval={"personal": personal}))
+    assert main(["run", str(config)]) == 2
+    assert one_line(capsys.readouterr().err).startswith(f"fedsim: error: {named}")
+    assert not list(tmp_path.rglob("metrics.jsonl"))
+
+
+@pytest.mark.parametrize(
+    ("strategy", "personal"),
+    [
+        ({"name": "fedrod"}, {"steps": 0, "every": 2}),  # on, scored every 2 rounds
+        ({"name": "fedetf", "adapt_epochs": 5}, {"steps": 0}),
+        ({"name": "fedetf", "adaptation": False}, {"steps": 3, "params": "classifier", "lr": 0.5}),  # generic
+        ({"name": f"{__name__}:KeepsGlobal"}, {"steps": 5}),  # a plugin's own personalize: fedsim cannot tell
+    ],
+)
+def test_what_personalised_evaluation_reads_is_accepted(tmp_path: Path, strategy: dict, personal: dict) -> None:
+    resolve(parse_config(small_config(tmp_path, strategy=strategy, eval={"every": 2, "personal": personal})))
 
 def test_a_checkpoint_written_before_personal_evaluation_resumes_under_its_default() -> None:
     cfg = parse_config(small_config(Path("/nonexistent")))

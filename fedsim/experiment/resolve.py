@@ -18,7 +18,7 @@ from typing import TypeVar
 import torch
 from flwr.serverapp.strategy import Strategy
 
-from fedsim.config import RunConfig
+from fedsim.config import PersonalEvalConfig, RunConfig
 from fedsim.config_file import load_config
 from fedsim.data import DATASETS, DatasetLoader
 from fedsim.data.base import check_classes
@@ -111,14 +111,44 @@ def _resolve(config_json: str) -> Experiment:
     partitioner.check_clients(cfg.train.num_clients)
     loader = DATASETS.resolve(cfg.data.dataset.name, cfg.data.dataset.options, "data.dataset").create()
     check_generated(cfg, loader)
+    strategy = STRATEGIES.resolve(cfg.strategy.name, cfg.strategy.options, "strategy").create()
+    check_personalisation(cfg, strategy)
     return Experiment(
         config=cfg,
         loader=loader,
         partitioner=partitioner,
         normaliser=NORMS.resolve(cfg.model.norm.name, cfg.model.norm.options, "model.norm").create(),
         model=MODELS.resolve(cfg.model.name, cfg.model.options, "model"),
-        strategy=STRATEGIES.resolve(cfg.strategy.name, cfg.strategy.options, "strategy").create(),
+        strategy=strategy,
     )
+
+
+def check_personalisation(cfg: RunConfig, strategy: StrategySpec) -> None:
+    """Refuse what personalised evaluation would not read, as a measurement believed made: a strategy's options
+    read only by its own personalisation with ``eval.personal`` off, and the fine-tuning's ``steps`` (above 0),
+    ``params`` and ``lr`` for a strategy that personalises its own way (FedRoD's personal head, FedETF's local
+    adaptation)."""
+    personal, name = cfg.eval.personal, cfg.strategy.name
+    if personal.steps is None:
+        if given := sorted(strategy.personal_options & set(cfg.strategy.options)):
+            raise ConfigError(
+                f"strategy.{given[0]} is read only by {name}'s personalisation, which eval.personal.steps: null "
+                f"(personalised evaluation off) never runs: set eval.personal.steps: 0 to run it, or remove "
+                f"strategy.{given[0]}"
+            )
+        return
+    if strategy.fine_tunes():
+        return
+    defaults = PersonalEvalConfig()
+    given = {"steps": personal.steps} if personal.steps else {}
+    given |= {k: getattr(personal, k) for k in ("params", "lr") if getattr(personal, k) != getattr(defaults, k)}
+    if given:
+        key, value = next(iter(given.items()))
+        fix = "give eval.personal.steps: 0 (personalised evaluation on)" if key == "steps" else "remove it"
+        raise ConfigError(
+            f"eval.personal.{key} = {value!r}: strategy {name!r} personalises its own way, reading none of "
+            f"eval.personal's steps, params and lr (docs/algorithms.md): {fix}, or choose a strategy that fine-tunes"
+        )
 
 
 def check_generated(cfg: RunConfig, loader: DatasetLoader) -> None:
