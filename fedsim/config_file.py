@@ -162,17 +162,31 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
+def keys_overlap(a: str, b: str) -> bool:
+    """True when setting dotted keys ``a`` and ``b`` touch the same value (equal, or one inside the other)."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
 def check_keys_once(overrides: list[str]) -> None:
     """Refuse a key given twice in one ``--set`` list (the last would win in silence, as a YAML key given twice
-    would: refused too), naming it and both values."""
+    would: refused too), naming it and both values; and a section beside a key inside it (``strategy={...}`` and
+    ``strategy.mu=2``), whose order would decide in silence whether the section's mapping replaces the key's value."""
     seen: dict[str, str] = {}
     for item in overrides:
         key, sep, text = item.partition("=")
-        if sep and key.strip() in seen:
+        key = key.strip()
+        if not sep:
+            continue
+        if key in seen:
+            raise ConfigError(f"--set {key} is given twice ({brief(seen[key])}, then {brief(text)}): give it once")
+        if (other := next((k for k in seen if keys_overlap(k, key)), None)) is not None:
+            outer, inner = sorted((other, key), key=len)
             raise ConfigError(
-                f"--set {key.strip()} is given twice ({brief(seen[key.strip()])}, then {brief(text)}): give it once"
+                f"--set {inner} and --set {outer} both set {inner}: {outer}'s value replaces the whole section, so "
+                f"their order would decide in silence; give {outer}'s keys one by one ({inner}=...) or put "
+                f"{inner.removeprefix(outer + '.')} inside {outer}'s value"
             )
-        seen[key.strip()] = text
+        seen[key] = text
 
 
 def format_validation_error(err: ValidationError, model: type[BaseModel], prefix: str = "") -> str:

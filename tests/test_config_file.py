@@ -147,6 +147,22 @@ def test_a_key_given_twice_in_one_set_list_is_refused_with_both_values() -> None
         check_keys_once(["a.b=1", "a.b=2"])
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["strategy={name: moon, mu: 1}", "strategy.mu=2"],  # mu = 2 won; the other order gave 1
+        ["strategy.name=moon", "strategy.mu=2", "strategy=fedrod"],  # mu dropped in silence
+        ["model=cnn", "model.norm.name=gn"],  # a section given by its name alone, and two levels down
+    ],
+)
+def test_a_section_beside_a_key_inside_it_in_one_set_list_is_refused(overrides: list[str]) -> None:
+    """Which value is used would depend on the order of the two: the section's mapping replaces the key's value."""
+    inner = next(o.split("=")[0] for o in overrides if o.count(".", 0, o.index("=")))
+    with pytest.raises(ConfigError, match=rf"^--set {inner} and --set \w+ both set {inner}: "):
+        check_keys_once(overrides)
+    check_keys_once(["strategy.name=moon", "strategy.mu=2", "strategy.temperature=0.5", "model.norm=gn"])
+
+
 def test_section_keys_follow_a_location_through_optional_sections_and_lists() -> None:
     assert section_keys(RunConfig, ("eval",)) == ["every", "batch_size", "global_test", "clients", "personal"]
     assert section_keys(RunConfig, ("deploy", "certificates")) == ["ca", "cert", "key"]  # CertificatesConfig | None

@@ -61,7 +61,7 @@ from pydantic import (
 )
 
 from fedsim.config import NOT_LEARNING, HomePath, RunConfig, flatten
-from fedsim.config_file import format_validation_error, load_config, read_yaml
+from fedsim.config_file import format_validation_error, keys_overlap, load_config, read_yaml
 from fedsim.errors import ConfigError, FedsimError, brief
 from fedsim.experiment.resolve import resolve
 from fedsim.names import NAME_RULE, cut, is_name, printable
@@ -228,11 +228,6 @@ def read_sweep(path: str | Path) -> SweepFile:
         raise ConfigError(f"sweep file {path}: {format_validation_error(err, SweepFile)}") from err
 
 
-def _overlaps(a: str, b: str) -> bool:
-    """True when setting dotted key ``a`` and ``b`` touch the same value (equal, or one inside the other)."""
-    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
-
-
 def _check_overrides(overrides: Sequence[str], sweep: SweepFile) -> None:
     varied = sweep.varied_keys()
     for item in overrides:
@@ -241,7 +236,7 @@ def _check_overrides(overrides: Sequence[str], sweep: SweepFile) -> None:
             raise ConfigError(f"--set {item!r}: expected key.path=value, e.g. train.rounds=20")
         if (owned := sweep_owned(key.strip())) is not None:
             raise ConfigError(f"--set {item}: sets {owned}: {OWNED_WHY}")
-        hit = next((v for v in varied if _overlaps(key.strip(), v)), None)
+        hit = next((v for v in varied if keys_overlap(key.strip(), v)), None)
         if hit is not None:
             raise ConfigError(
                 f"--set {item}: the sweep varies {hit!r} from cell to cell (grid, cells or axes); a value set for "
