@@ -81,7 +81,8 @@ class PluginParams(Float32Options):
 
 
 def normalise_name(name: str) -> str:
-    """Names are case- and dash-insensitive: ``FedAvg``, ``fed-avg`` and ``fedavg`` are one name."""
+    """Names are case-insensitive and a dash is an underscore: ``FedAvg`` and ``fedavg`` are one name, as are
+    ``affine-like`` and ``affine_like`` (``fed-avg`` is ``fed_avg``, not ``fedavg``)."""
     return name.strip().lower().replace("-", "_")
 
 
@@ -93,8 +94,8 @@ class Entry(Generic[T]):
 
     @property
     def summary(self) -> str:
-        doc = (self.obj.__doc__ or "").strip()
-        return doc.splitlines()[0] if doc else ""
+        """The docstring's first paragraph, on one line (a sentence wrapped in the source stays whole)."""
+        return " ".join((self.obj.__doc__ or "").strip().split("\n\n")[0].split())
 
 
 @dataclass(frozen=True)

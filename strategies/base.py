@@ -24,7 +24,7 @@ from fedsim.strategies.server_half import EVERY_NODE, ServerSetup
 
 
 class StrategySpec:
-    """Base of every registered strategy. The class docstring's first line is its summary.
+    """Base of every registered strategy. The class docstring's first paragraph is its summary.
 
     The defaults are FedAvg's halves: a strategy that only changes the client sets ``Client``;
     one whose server takes options or differs overrides :meth:`server`. A strategy that puts records or

@@ -1,16 +1,18 @@
 """``fedsim list``'s text (fedsim/app/plugins.py): every registry by kind, and :func:`describe`'s table of one kind,
-each plugin on a line of its own (its registered name in a column 16 wide, the first line of its docstring) and its
-options with their defaults on the next. The exact layout on a registry of this file's own; the built-in kinds read
-back here, each default parsed from the text as the Python literal it is and compared with its ``Params``' own."""
+each plugin on a line of its own (its registered name in a column 16 wide, the first paragraph of its docstring) and
+its options with their defaults on the next, as YAML writes them, each with the range, choices or null it accepts. The
+exact layout on a registry of this file's own; the built-in kinds read back here, each default parsed from the text as
+the YAML value it is and compared with its ``Params``' own, and each range with its field's."""
 
 from __future__ import annotations
 
-import ast
 import re
-from typing import Any
+from typing import Any, Literal
 
 import pytest
+import yaml
 from pydantic import BaseModel, Field
+from pydantic_core import to_jsonable_python
 
 from fedsim.app import plugins
 from fedsim.app.plugins import ALL_REGISTRIES, describe
@@ -38,15 +40,17 @@ class Plain(Widget):
 
 
 class Sized(Widget):
-    """Sized: options with defaults of every kind."""
+    """Sized: options with defaults of every kind,
+    its summary wrapped in the source."""
 
     class Params(PluginParams):
-        size: float = 1.5
+        size: float = Field(1.5, gt=0, le=10)
         label: str = "w"
         ratio: float  # required: no default
         shape: tuple[int, int] = (2, 3)
         tags: list[str] = Field(default_factory=lambda: ["a", "b"])
-        limit: int | None = None
+        limit: int | None = Field(None, ge=1)
+        mode: Literal["fast", "exact"] | float = "fast"
 
 
 class Undocumented(Widget):
@@ -72,6 +76,12 @@ def test_every_kind_is_its_own_registry_in_the_order_fedsim_list_prints_them() -
     assert all(registry.kind == kind for kind, registry in ALL_REGISTRIES.items())
 
 
+OPTIONS = (  # as YAML writes each default, with the range, choices or null it accepts
+    "options: size=1.5 (> 0 and <= 10), label=w, ratio=required, shape=[2, 3], tags=[a, b], "
+    "limit=null (>= 1, or null), mode=fast (one of fast, exact, or a number)"
+)
+
+
 def test_a_kind_is_one_line_per_plugin_by_name_with_its_options_and_their_defaults_below(
     widgets: Registry[Widget],
 ) -> None:
@@ -80,8 +90,8 @@ def test_a_kind_is_one_line_per_plugin_by_name_with_its_options_and_their_defaul
         "widgets:",
         "  a_very_long_widget_name A plain widget: no options.",  # wider than the column: one space still
         "  plain" + " " * 12 + "A plain widget: no options.",
-        "  sized" + " " * 12 + "Sized: options with defaults of every kind.",
-        " " * 20 + "options: size=1.5, label='w', ratio=required, shape=(2, 3), tags=['a', 'b'], limit=None",
+        "  sized" + " " * 12 + "Sized: options with defaults of every kind, its summary wrapped in the source.",
+        " " * 20 + OPTIONS,
         "  undocumented" + " " * 5,  # no docstring: an empty summary, and no options line (Params has no fields)
     ]
 
@@ -113,14 +123,19 @@ def test_a_kind_that_is_not_listed_is_a_key_error() -> None:
 REQUIRED = object()
 
 
-def parse_options(text: str) -> dict[str, Any]:
-    """``a=1, b='x', c=[1, 2]`` as keyword arguments of a call: each value the literal it spells."""
-    call = ast.parse(f"f({text})", mode="eval").body
-    assert isinstance(call, ast.Call) and not call.args
+def parse_options(text: str) -> dict[str, tuple[Any, str]]:
+    """``a=1 (> 0), b=x, c=[1, 2] (or null)`` as each option's YAML value and what it accepts (the parenthesis)."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += (char in "([{") - (char in ")]}")
+        if depth == 0 and text.startswith(", ", i):
+            parts.append(text[start:i])
+            start = i + 2
     values = {}
-    for keyword in call.keywords:
-        required = isinstance(keyword.value, ast.Name) and keyword.value.id == "required"
-        values[keyword.arg] = REQUIRED if required else ast.literal_eval(keyword.value)
+    for part in [*parts, text[start:]]:
+        name, _, rest = part.partition("=")
+        value, _, accepts = rest.partition(" (")
+        values[name] = (REQUIRED if value == "required" else yaml.safe_load(value), accepts.removesuffix(")"))
     return values
 
 
@@ -143,10 +158,16 @@ def test_every_built_in_kind_reads_back_as_its_plugins_summaries_and_defaults(ki
     for name, (summary, options) in listed.items():
         cls = registry.get(name)
         doc = (cls.__doc__ or "").strip()
-        assert summary == (doc.splitlines()[0] if doc else ""), name
+        assert summary == " ".join(doc.split("\n\n")[0].split()), name
         params: type[BaseModel] = cls.Params  # type: ignore[attr-defined]
         defaults = params.model_construct()  # the defaults without validation, factories called
         fields = params.model_fields
-        expected = {f: REQUIRED if info.is_required() else getattr(defaults, f) for f, info in fields.items()}
-        assert options == expected, name
+        jsonable = {f: to_jsonable_python(getattr(defaults, f)) for f in fields}  # as YAML writes them
+        expected = {f: REQUIRED if info.is_required() else jsonable[f] for f, info in fields.items()}
+        assert {f: value for f, (value, _) in options.items()} == expected, name
         assert list(options) == list(fields), name  # in the order Params declares them
+        for f, (_, accepts) in options.items():  # each bound the field has, as the text says it
+            for bound in fields[f].metadata:
+                for attribute, sign in plugins.BOUNDS.items():
+                    if isinstance(value := getattr(bound, attribute, None), int | float):
+                        assert f"{sign} {plugins._yaml(value)}" in accepts, f
