@@ -13,13 +13,14 @@ from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from fedsim.config import READ_BACK, RunConfig
 from fedsim.errors import ConfigError, brief, one_line
 from fedsim.ownership import unusable
 from fedsim.paths import package_path, resolve_path
 from fedsim.reading import CONFIG_BYTES, check_source, read_text
-from fedsim.registry import number_as_text
+from fedsim.registry import accepted_values, number_as_text
 
 MAX_ALIAS_NODES = 10_000  # the values a document's aliases may expand to in all: a sweep's anchors stay far below
 MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -169,8 +170,10 @@ def keys_overlap(a: str, b: str) -> bool:
 
 def check_keys_once(overrides: list[str]) -> None:
     """Refuse a key given twice in one ``--set`` list (the last would win in silence, as a YAML key given twice
-    would: refused too), naming it and both values; and a section beside a key inside it (``strategy={...}`` and
-    ``strategy.mu=2``), whose order would decide in silence whether the section's mapping replaces the key's value."""
+    would: refused too), naming it and both values, whether alone or inside a section's mapping given before
+    (``strategy={name: moon, mu: 1} strategy.mu=2``); and a section given after a key inside it, whose value would
+    drop that key in silence (``strategy.mu=2 strategy=fedrod``). A section, then keys inside it that it does not
+    hold, refines it in order (``model.norm=gn model.norm.groups=4``)."""
     seen: dict[str, str] = {}
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -179,14 +182,23 @@ def check_keys_once(overrides: list[str]) -> None:
             continue
         if key in seen:
             raise ConfigError(f"--set {key} is given twice ({brief(seen[key])}, then {brief(text)}): give it once")
-        if (other := next((k for k in seen if keys_overlap(k, key)), None)) is not None:
-            outer, inner = sorted((other, key), key=len)
+        if (inner := next((k for k in seen if k.startswith(key + ".")), None)) is not None:
             raise ConfigError(
-                f"--set {inner} and --set {outer} both set {inner}: {outer}'s value replaces the whole section, so "
-                f"their order would decide in silence; give {outer}'s keys one by one ({inner}=...) or put "
-                f"{inner.removeprefix(outer + '.')} inside {outer}'s value"
+                f"--set {key}={brief(text)} replaces the section that holds --set {inner}, given before it, which "
+                f"would be dropped in silence: give {key} first, then {inner}"
             )
+        for outer in (k for k in seen if key.startswith(k + ".")):
+            held: Any = parse_yaml(seen[outer], f"--set {outer}")
+            for part in key.removeprefix(outer + ".").split("."):
+                held = held.get(part, _ABSENT) if isinstance(held, dict) else _ABSENT
+            if held is not _ABSENT:
+                raise ConfigError(
+                    f"--set {key} is given twice ({brief(held)} inside --set {outer}, then {brief(text)}): give it once"
+                )
         seen[key] = text
+
+
+_ABSENT = object()
 
 
 def format_validation_error(err: ValidationError, model: type[BaseModel], prefix: str = "") -> str:
@@ -197,14 +209,23 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], prefix
         where = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
         value = e.get("input")
         shown = "" if isinstance(value, dict) else f" (got {brief(value)})"
-        msg = e["msg"]
+        msg, takes = e["msg"], ""
         if e["type"] == "value_error":  # fedsim's own validators: the message names its fields
             lines.append(str(e["ctx"]["error"]))
             continue
         if e["type"] == "extra_forbidden":
             msg = f"unknown key{shown}; valid keys: {', '.join(section_keys(model, e['loc'][:-1]))}"
             shown = ""
-        lines.append(f"{where or '<config>'}: {msg}{shown}{number_as_text(e)}")
+        elif e["type"] in ("model_type", "model_attributes_type", "dict_type"):  # not pydantic's class names
+            keys = section_keys(model, e["loc"])
+            msg = (
+                "should be a plugin's name or a mapping {name: ..., <its options>} (fedsim list)"
+                if keys == ["name"]
+                else f"should be a mapping of its keys: {', '.join(keys)}"
+            )
+        elif e["type"].endswith(("_type", "_parsing")) and (field := field_at(model, e["loc"])) is not None:
+            takes = f"; it takes {accepted_values(field)}"  # a value of the wrong kind: what the key takes
+        lines.append(f"{where or '<config>'}: {msg}{shown}{number_as_text(e)}{takes}")
     return one_line(lines)
 
 
@@ -215,6 +236,22 @@ def section_keys(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str
         if isinstance(key, str):  # a list index keeps the list's type: its models are found inside it below
             kinds = [m.model_fields[key].annotation for m in _models(kinds) if key in m.model_fields]
     return [name for m in _models(kinds) for name in m.model_fields]
+
+
+def field_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> FieldInfo | None:
+    """The field at ``loc`` (a pydantic error's location: keys and list indices) in ``model``, where one model
+    declares it."""
+    owners: list[type[BaseModel]] = [model]
+    field = None
+    for key in loc:
+        if not isinstance(key, str):  # a list index: the list's models, found inside its type below
+            continue
+        found = [o.model_fields[key] for o in owners if key in o.model_fields]
+        if len(found) != 1:
+            return None
+        field = found[0]
+        owners = _models([field.annotation])
+    return field if loc and isinstance(loc[-1], str) else None
 
 
 def _models(kinds: list[Any]) -> list[type[BaseModel]]:

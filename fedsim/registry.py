@@ -17,13 +17,17 @@ and every error names the config field and what is allowed.
 from __future__ import annotations
 
 import importlib
+import types
+import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
+import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
-from pydantic_core import PydanticCustomError, PydanticSerializationError, to_json
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError, PydanticSerializationError, to_json, to_jsonable_python
 
 from fedsim.errors import ConfigError, FedsimError, RegistryError, brief, one_line
 from fedsim.plugin_guard import note_plugin
@@ -285,10 +289,48 @@ def validate_options(params_cls: type[P], options: Mapping[str, Any] | None, whe
                 problems.append(f"{field}: unknown key{owner}; valid keys: {valid}")
             elif e["type"] == "value_error" and not e["loc"]:  # a Params validator across fields
                 problems.append(f"{where}{owner}: {e['ctx']['error']}")
-            else:
-                msg = e["msg"].removeprefix("Value error, ")  # a field validator's ValueError: its text alone
-                problems.append(f"{field} = {brief(e['input'])}{owner}: {msg}{number_as_text(e)}")
+            elif e["type"] == "value_error":  # a field validator's ValueError: its text alone
+                msg = e["msg"].removeprefix("Value error, ")
+                problems.append(f"{field} = {brief(e['input'])}{owner}: {msg}")
+            else:  # pydantic's own words; for a value of the wrong kind, what the option takes
+                name = e["loc"][0] if e["loc"] else None
+                wrong_kind = e["type"].endswith(("_type", "_parsing")) and name in params_cls.model_fields
+                takes = f"; it takes {accepted_values(params_cls.model_fields[name])}" if wrong_kind else ""
+                problems.append(f"{field} = {brief(e['input'])}{owner}: {e['msg']}{number_as_text(e)}{takes}")
         raise ConfigError(one_line(problems)) from err
+
+
+UNIONS = (typing.Union, types.UnionType)
+BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}  # pydantic's Field bounds (annotated_types)
+KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "text"}
+
+
+def accepted_values(field: FieldInfo) -> str:
+    """What an option takes, as a config writes it: its kind and range (``a number > 0``, ``an integer >= 2 and
+    <= 65536``), its choices (``one of average, last``), ``or null``: for ``fedsim list`` and type errors alike."""
+    kinds = typing.get_args(field.annotation) if typing.get_origin(field.annotation) in UNIONS else (field.annotation,)
+    choices = [
+        yaml_text(v) for kind in kinds if typing.get_origin(kind) is typing.Literal for v in typing.get_args(kind)
+    ]
+    named = [KINDS.get(kind, "a list" if typing.get_origin(kind) in (list, tuple) else "a value") for kind in kinds
+             if typing.get_origin(kind) is not typing.Literal and kind is not type(None)]  # fmt: skip
+    bounds = " and ".join(
+        f"{sign} {yaml_text(getattr(m, attribute))}"
+        for attribute, sign in BOUNDS.items()
+        for m in field.metadata
+        if isinstance(getattr(m, attribute, None), int | float)
+    )
+    parts = ["one of " + ", ".join(choices)] if choices else []
+    parts += [f"{kind} {bounds}".strip() for kind in dict.fromkeys(named)]
+    parts += ["null"] if type(None) in kinds else []
+    return ", or ".join(parts)
+
+
+def yaml_text(value: Any) -> str:
+    """``value`` as a config file writes it (null, true, 0.01, average, [2, 3])."""
+    return (
+        yaml.safe_dump(to_jsonable_python(value), default_flow_style=True, width=10**6).removesuffix("\n...\n").strip()
+    )
 
 
 def number_as_text(error: Mapping[str, Any]) -> str:

@@ -20,7 +20,7 @@ from fedsim.data import DATASETS
 from fedsim.models import MODELS
 from fedsim.norms import NORMS
 from fedsim.partitions import PARTITIONERS
-from fedsim.registry import PluginParams, Registry
+from fedsim.registry import BOUNDS, PluginParams, Registry, yaml_text
 from fedsim.strategies import STRATEGIES
 from fedsim.trackers import TRACKERS
 
@@ -77,8 +77,8 @@ def test_every_kind_is_its_own_registry_in_the_order_fedsim_list_prints_them() -
 
 
 OPTIONS = (  # as YAML writes each default, with the range, choices or null it accepts
-    "options: size=1.5 (> 0 and <= 10), label=w, ratio=required, shape=[2, 3], tags=[a, b], "
-    "limit=null (>= 1, or null), mode=fast (one of fast, exact, or a number)"
+    "options: size=1.5 (a number > 0 and <= 10), label=w (text), ratio=required (a number), shape=[2, 3] (a list), "
+    "tags=[a, b] (a list), limit=null (an integer >= 1, or null), mode=fast (one of fast, exact, or a number)"
 )
 
 
@@ -106,8 +106,8 @@ def test_a_default_factory_is_shown_by_the_value_it_makes_afresh(widgets: Regist
             n: list[int] = Field(default_factory=lambda: made.append(1) or [len(made)])
 
     widgets.register("counted")(Counted)
-    assert " " * 20 + "options: n=[1]" in describe("widgets").split("\n")
-    assert " " * 20 + "options: n=[2]" in describe("widgets").split("\n")  # made each time, not a value kept
+    assert " " * 20 + "options: n=[1] (a list)" in describe("widgets").split("\n")
+    assert " " * 20 + "options: n=[2] (a list)" in describe("widgets").split("\n")  # made each time, not kept
 
 
 @pytest.mark.parametrize("obj", [object, type("NoPydantic", (), {"Params": dict}), type("Bare", (), {})])
@@ -168,6 +168,6 @@ def test_every_built_in_kind_reads_back_as_its_plugins_summaries_and_defaults(ki
         assert list(options) == list(fields), name  # in the order Params declares them
         for f, (_, accepts) in options.items():  # each bound the field has, as the text says it
             for bound in fields[f].metadata:
-                for attribute, sign in plugins.BOUNDS.items():
+                for attribute, sign in BOUNDS.items():
                     if isinstance(value := getattr(bound, attribute, None), int | float):
-                        assert f"{sign} {plugins._yaml(value)}" in accepts, f
+                        assert f"{sign} {yaml_text(value)}" in accepts, f

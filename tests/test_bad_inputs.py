@@ -58,7 +58,19 @@ CASES: dict[str, Case] = {
     "seed-fraction": run("seed=1.5", expect=("seed", "1.5")),
     "engine-unknown": run("engine=warp", expect=("engine", "'local' or 'flower'")),
     "section-unknown": run("trian.rounds=3", expect=("trian", "unknown key")),
-    "section-not-a-mapping": run("train=5", expect=("train", "valid dictionary")),
+    "section-not-a-mapping": run("train=5", expect=("train: should be a mapping of its keys: rounds, num_clients, ",)),
+    # a value of the wrong kind: pydantic's words, then what the key takes (its kind, range, choices, null)
+    "wrong-kind-takes": run(
+        "train.lr=true", expect=("train.lr: Input should be a valid number (got True); it takes a number > 0",)
+    ),
+    "wrong-kind-option-takes": run(
+        "strategy={name: fedetf, etf_dim: None}",
+        expect=("strategy.etf_dim = 'None' for strategy 'fedetf': Input should be a valid integer; it takes an integer "
+                ">= 2 and <= 65536, or null",),
+    ),  # fmt: skip
+    "plugin-not-a-mapping": run(
+        "strategy=5", expect=("strategy: should be a plugin's name or a mapping {name: ..., <its options>}",)
+    ),
     "top-level-key-unknown": run(
         "foo=1",
         expect=("foo: unknown key (got 1); valid keys: name, seed, engine, data, partition, model, strategy, train, "
@@ -317,7 +329,7 @@ CASES: dict[str, Case] = {
     "data-root-missing": run("data.root=nowhere.npz", expect=("npz dataset", "no file at", "nowhere.npz")),
     "download-not-bool": run("data.download=maybe", expect=("data.download", "valid boolean")),
     "data-key-unknown": run("data.extra=1", expect=("data.extra", "unknown key")),
-    "data-not-a-mapping": run("data=5", expect=("data", "valid dictionary")),
+    "data-not-a-mapping": run("data=5", expect=("data: should be a mapping of its keys: dataset, root, ",)),
     "npz-is-an-npy": run("data.root={tmp}/renamed.npz", expect=("not a .npz (zip) archive",), setup="npy_as_npz"),
     "npz-forged-header": run(
         "data.root={tmp}/forged.npz", expect=("claims (900000000000000, 28)",), setup="forged_npz"

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import types
-import typing
 from typing import Any
 
-import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
@@ -14,7 +11,7 @@ from fedsim.data import DATASETS
 from fedsim.models import MODELS
 from fedsim.norms import NORMS
 from fedsim.partitions import PARTITIONERS
-from fedsim.registry import Registry
+from fedsim.registry import Registry, accepted_values, yaml_text
 from fedsim.strategies import STRATEGIES
 from fedsim.trackers import TRACKERS
 
@@ -36,32 +33,9 @@ def _options(obj: Any) -> str:
 
 
 def describe_option(name: str, field: FieldInfo) -> str:
-    """``name=default`` as YAML writes it, with what the option accepts where it is bounded: its range, its
-    choices, and the other kinds of value a union takes (a number, null)."""
-    default = "required" if field.is_required() else _yaml(field.get_default(call_default_factory=True))
-    bounds = {
-        attribute: getattr(m, attribute)
-        for attribute in BOUNDS
-        for m in field.metadata
-        if isinstance(getattr(m, attribute, None), int | float)
-    }
-    accepts = [" and ".join(f"{BOUNDS[a]} {_yaml(v)}" for a, v in bounds.items())] if bounds else []
-    kinds = typing.get_args(field.annotation) if typing.get_origin(field.annotation) in UNIONS else (field.annotation,)
-    choices = [_yaml(v) for kind in kinds if typing.get_origin(kind) is typing.Literal for v in typing.get_args(kind)]
-    if choices:
-        accepts.append("one of " + ", ".join(choices))
-        accepts += ["or a number"] if any(kind in (int, float) for kind in kinds) else []  # FedYogi's v0
-    accepts += ["or null"] if len(kinds) > 1 and type(None) in kinds else []
-    return f"{name}={default}" + (f" ({', '.join(accepts)})" if accepts else "")
-
-
-UNIONS = (typing.Union, types.UnionType)
-BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}  # pydantic's Field bounds (annotated_types)
-
-
-def _yaml(value: Any) -> str:
-    """``value`` as it is written in a config file (null, true, 0.01, average)."""
-    return yaml.safe_dump(value, default_flow_style=True, width=10**6).removesuffix("\n...\n").strip()
+    """``name=default`` as YAML writes it, with the values it accepts (:func:`fedsim.registry.accepted_values`)."""
+    default = "required" if field.is_required() else yaml_text(field.get_default(call_default_factory=True))
+    return f"{name}={default} ({accepted_values(field)})"
 
 
 def describe(kind: str) -> str:
