@@ -24,6 +24,7 @@ from fedsim.engines.local import InlineExecutor, LocalGrid, node_context
 from fedsim.engines.runner import run
 from fedsim.errors import ConfigError
 from fedsim.experiment.resolve import resolve
+from fedsim.registry import yaml_text
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.fedbn import FEDBN_LOCAL
 from tests import strategy_rows
@@ -203,8 +204,8 @@ def test_list_shows_every_strategy_with_summary_and_options(capsys: pytest.Captu
         i = next(i for i, line in enumerate(lines) if line.split()[:1] == [name])
         assert spec.__doc__.strip().splitlines()[0] in lines[i]
         for field, info in spec.Params.model_fields.items():
-            assert f"{field}={info.default!r}" in lines[i + 1], (name, field)
-    assert "v0='tau^2'" in "\n".join(lines) and "mu=0.01" in "\n".join(lines)
+            assert f"{field}={yaml_text(info.default)} (" in lines[i + 1], (name, field)
+    assert "v0=tau^2 (one of tau^2, or a number)" in "\n".join(lines) and "mu=0.01 (a number >= 0)" in "\n".join(lines)
 
 
 # --- client state across processes -------------------------------------------------------------
