@@ -190,6 +190,7 @@ def check_keys_once(overrides: list[str]) -> None:
         for outer in (k for k in seen if key.startswith(k + ".")):
             held: Any = parse_yaml(seen[outer], f"--set {outer}")
             for part in key.removeprefix(outer + ".").split("."):
+                held = {"name": held} if isinstance(held, str) else held  # a plugin given by its name alone
                 held = held.get(part, _ABSENT) if isinstance(held, dict) else _ABSENT
             if held is not _ABSENT:
                 raise ConfigError(

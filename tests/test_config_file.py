@@ -153,6 +153,8 @@ def test_a_key_given_twice_in_one_set_list_is_refused_with_both_values() -> None
         # mu = 2 won; in the other order, mu = 1 (below): a key given twice, once inside a section's mapping
         (["strategy={name: moon, mu: 1}", "strategy.mu=2"], r"^--set strategy\.mu is given twice \(1 inside --set "),
         (["train={lr: {a: 1}}", "train.lr.a=2"], r"^--set train\.lr\.a is given twice"),  # two levels down
+        # a plugin given by its name alone holds its name: moon won, and a check of fedrod's options was skipped
+        (["strategy=fedrod", "strategy.name=moon"], r"^--set strategy\.name is given twice \('fedrod' inside "),
         # a section after a key inside it: the key dropped in silence
         (["strategy.mu=2", "strategy={name: moon, mu: 1}"], r"^--set strategy=.* replaces the section that holds "),
         (["strategy.name=moon", "strategy.mu=2", "strategy=fedrod"], r"holds --set strategy\.name, given before it"),

@@ -181,6 +181,9 @@ def test_a_strategy_personalises_through_its_hook(tmp_path: Path, one_thread: No
             {"name": "fedetf", "adaptation": False, "adapt_alternations": 500}, {"steps": 2},
             "strategy.adapt_alternations = 500 for strategy 'fedetf': read only by the local adaptation",
         ),
+        # a strategy that fine-tunes, for no step
+        ({"name": "fedavg"}, {"steps": 0, "lr": 0.5}, "eval.personal.lr = 0.5: eval.personal.steps is 0, so no"),
+        ({"name": "fedetf", "adaptation": False}, {"steps": 0, "params": "classifier"}, "eval.personal.params = "),
     ],
 )  # fmt: skip
 def test_what_personalised_evaluation_would_not_read_is_refused_in_one_line(

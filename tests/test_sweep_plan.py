@@ -66,6 +66,26 @@ def test_invalid_cells_are_refused_together_before_any_run(tmp_path: Path, capsy
 
 
 
+@pytest.mark.parametrize(
+    ("extra", "argv"),
+    [
+        ({"set": {"eval.personal.steps": 2, "eval": {"every": 1}}}, []),  # in the file's set
+        ({"set": {"eval.personal.steps": 2}}, ["--set", "eval={every: 1}"]),  # --set after the file's set
+    ],
+)
+def test_a_section_that_would_drop_a_key_set_before_it_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: dict, argv: list[str]
+) -> None:
+    """The cells ran with personalised evaluation off, the steps dropped in silence by the section after them."""
+    path = make_sweep(tmp_path, {"seed": [0]})
+    path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), **extra}, sort_keys=False))  # set's order
+    assert main(["sweep", str(path), *argv]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith(f"fedsim: error: sweep file {path}: its set, then --set, in order: --set eval=") and (
+        "holds --set eval.personal.steps" in line
+    ), line
+    assert not (tmp_path / "sweeps").exists()
+
 def test_cells_that_do_not_fit_their_data_or_model_are_refused_before_any_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

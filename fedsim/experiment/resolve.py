@@ -127,7 +127,7 @@ def check_personalisation(cfg: RunConfig, strategy: StrategySpec) -> None:
     """Refuse what personalised evaluation would not read, as a measurement believed made: a strategy's options
     read only by its own personalisation with ``eval.personal`` off, and the fine-tuning's ``steps`` (above 0),
     ``params`` and ``lr`` for a strategy that personalises its own way (FedRoD's personal head, FedETF's local
-    adaptation)."""
+    adaptation), and ``params`` and ``lr`` beside ``steps: 0`` for one that fine-tunes."""
     personal, name = cfg.eval.personal, cfg.strategy.name
     if personal.steps is None:
         if given := sorted(strategy.personal_options & set(cfg.strategy.options)):
@@ -137,11 +137,17 @@ def check_personalisation(cfg: RunConfig, strategy: StrategySpec) -> None:
                 f"strategy.{given[0]}"
             )
         return
-    if strategy.fine_tunes():
-        return
     defaults = PersonalEvalConfig()
-    given = {"steps": personal.steps} if personal.steps else {}
-    given |= {k: getattr(personal, k) for k in ("params", "lr") if getattr(personal, k) != getattr(defaults, k)}
+    tuning = {k: getattr(personal, k) for k in ("params", "lr") if getattr(personal, k) != getattr(defaults, k)}
+    if strategy.fine_tunes():
+        if personal.steps == 0 and tuning:  # no fine-tuning step to read them
+            key, value = next(iter(tuning.items()))
+            raise ConfigError(
+                f"eval.personal.{key} = {value!r}: eval.personal.steps is 0, so no fine-tuning step reads it: give "
+                f"eval.personal.steps above 0, or remove eval.personal.{key}"
+            )
+        return
+    given = ({"steps": personal.steps} if personal.steps else {}) | tuning
     if given:
         key, value = next(iter(given.items()))
         fix = "give eval.personal.steps: 0 (personalised evaluation on)" if key == "steps" else "remove it"

@@ -61,7 +61,7 @@ from pydantic import (
 )
 
 from fedsim.config import NOT_LEARNING, HomePath, RunConfig, flatten
-from fedsim.config_file import format_validation_error, keys_overlap, load_config, read_yaml
+from fedsim.config_file import check_keys_once, format_validation_error, keys_overlap, load_config, read_yaml
 from fedsim.errors import ConfigError, FedsimError, brief
 from fedsim.experiment.resolve import resolve
 from fedsim.names import NAME_RULE, cut, is_name, printable
@@ -277,6 +277,10 @@ def plan(
     out = Path(output if output is not None else sweep.output) / name
     check_not_in_a_run(out, OUTPUT)
     fixed = [*(_override(k, v) for k, v in sweep.set.items()), *overrides]
+    try:  # a section after a key inside it would drop the key in silence, as in one --set list
+        check_keys_once(fixed)
+    except ConfigError as err:
+        raise ConfigError(f"sweep file {path}: its set, then --set, in order: {err}") from None
     cells = expand(sweep)
     _check_names(cells, path)
     runs, bad = [], {}
